@@ -1,0 +1,47 @@
+"""Campaign rules shared by every side: id syntax, labels, and the sizes of a report.
+
+The shuffler uses only ``ciphertext_length``/``key_id`` from the proto; the randomiser-related
+helpers here are for the client and the aggregator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deniable.core import mechanisms
+from deniable.core.crypto import ciphertext_length
+from deniable.core.mechanisms import LocalRandomiser
+from deniable.core.wire import plaintext_length
+from deniable.core.wire.codec import CAMPAIGN_ID_PATTERN
+from deniable.v1 import deniable_pb2 as pb
+
+BINARY_LABELS = ("no", "yes")
+
+
+@dataclass(frozen=True)
+class ReportLayout:
+    """Sizes of every report of a campaign."""
+
+    payload_length: int
+    plaintext_length: int
+    ciphertext_length: int
+
+
+def valid_campaign_id(campaign_id: str) -> bool:
+    """Lower-case letters, digits, '.', '_' and '-', 1 to 63 characters, starting alphanumeric."""
+    return bool(CAMPAIGN_ID_PATTERN.match(campaign_id))
+
+
+def layout_for(randomiser: LocalRandomiser) -> ReportLayout:
+    """Payload, padded plaintext and ciphertext lengths for a randomiser."""
+    plain = plaintext_length(randomiser.payload_length)
+    return ReportLayout(randomiser.payload_length, plain, ciphertext_length(plain))
+
+
+def randomiser_for(campaign: pb.Campaign) -> LocalRandomiser:
+    """The campaign's randomiser, rebuilt from its description (same on device and aggregator)."""
+    return mechanisms.create(
+        mechanisms.name_for_proto(campaign.mechanism),
+        epsilon0=campaign.epsilon0,
+        domain_size=len(campaign.labels),
+    )

@@ -1,0 +1,130 @@
+"""What every local randomiser offers, device side and aggregator side.
+
+Device side: ``randomise(value)`` returns exactly the payload bytes that get sealed.
+Aggregator side: ``tally`` turns payloads into count cells (rejecting out-of-domain ones),
+``estimate`` debiases counts into per-bucket estimates with exact standard errors and normal
+confidence intervals, ``variance`` is the exact variance of each estimator given the truth.
+Auditors: ``output_distribution(value)`` is the exact law of the payload for one input.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from deniable.core.mechanisms.exact import z_score
+from deniable.core.rng import Csprng
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+class PayloadOutOfDomain(ValueError):
+    """A payload that no honest randomiser of this campaign could have produced."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Debiased estimate of one bucket's true count."""
+
+    raw_count: int
+    estimate: float
+    std_error: float
+    ci_low: float
+    ci_high: float
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Count cells over the valid payloads of a batch, and which payloads were invalid."""
+
+    counts: IntArray
+    invalid: npt.NDArray[np.bool_]
+
+    @property
+    def valid_count(self) -> int:
+        """Number of payloads that were counted."""
+        return int(self.invalid.size - int(self.invalid.sum()))
+
+
+class LocalRandomiser(ABC):
+    """An epsilon0-LDP randomiser over the domain {0, ..., domain_size - 1}."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+
+    def __init__(self, epsilon0: float, domain_size: int) -> None:
+        if not (math.isfinite(epsilon0) and epsilon0 > 0):
+            raise ValueError(f"epsilon0 must be a positive finite number, got {epsilon0!r}")
+        if domain_size < 2:
+            raise ValueError(f"domain size must be at least 2, got {domain_size}")
+        self.epsilon0 = float(epsilon0)
+        self.domain_size = int(domain_size)
+
+    @property
+    @abstractmethod
+    def payload_length(self) -> int:
+        """Bytes in every payload of this randomiser."""
+
+    @property
+    @abstractmethod
+    def count_cells(self) -> int:
+        """Length of the count vector the aggregator keeps."""
+
+    @abstractmethod
+    def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
+        """The payload for true ``value``; noise from the CSPRNG."""
+
+    @abstractmethod
+    def output_distribution(self, value: int) -> dict[bytes, Fraction]:
+        """Exact probability of every payload the randomiser can emit for ``value``."""
+
+    @abstractmethod
+    def tally(self, payloads: Sequence[bytes]) -> Tally:
+        """Count cells for the valid payloads; flags the ones outside the domain."""
+
+    @abstractmethod
+    def estimate(self, counts: Sequence[int], n: int, confidence: float = 0.95) -> list[Estimate]:
+        """Unbiased per-bucket estimates of the true counts from ``n`` counted reports."""
+
+    @abstractmethod
+    def variance(self, true_counts: Sequence[float], n: int) -> FloatArray:
+        """Exact variance of each bucket's estimator when the true counts are ``true_counts``."""
+
+    @property
+    def realised_epsilon(self) -> float:
+        """ln of the worst ratio of the exact output probabilities (<= epsilon0)."""
+        worst = Fraction(1)
+        for output in self.output_distribution(0):
+            probs = [self.output_distribution(v).get(output, Fraction(0)) for v in range(self.domain_size)]
+            low = min(probs)
+            if low == 0:
+                return math.inf
+            worst = max(worst, max(probs) / low)
+        return math.log(worst)
+
+    def check_value(self, value: int) -> None:
+        """Raise ValueError for a true value outside the domain."""
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, int) or not 0 <= value < self.domain_size:
+            raise ValueError(f"value {value!r} is outside the domain 0..{self.domain_size - 1}")
+
+
+def normal_estimates(
+    raw: Sequence[int], estimates: FloatArray, variances: FloatArray, confidence: float
+) -> list[Estimate]:
+    """Pack estimates and variances into ``Estimate`` rows with normal confidence intervals."""
+    z = z_score(confidence)
+    out = []
+    for count, est, var in zip(raw, estimates, variances, strict=True):
+        se = math.sqrt(max(float(var), 0.0))
+        out.append(Estimate(int(count), float(est), se, float(est) - z * se, float(est) + z * se))
+    return out

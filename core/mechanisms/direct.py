@@ -1,0 +1,130 @@
+"""Direct-encoding randomised response: binary RR and k-ary RR (GRR).
+
+Both report one value of the domain: the true one with probability p, each other one with
+probability q, p / q <= e**epsilon0 exactly (integer thresholds, see ``exact``). One shared
+estimator: x_j = (c_j - n q) / (p - q), with exact variance
+n q (1 - q) / (p - q)**2 + x_j (1 - p - q) / (p - q); the second term depends on the truth
+and vanishes for binary RR.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from deniable.core.mechanisms.base import (
+    Estimate,
+    FloatArray,
+    LocalRandomiser,
+    Tally,
+    normal_estimates,
+)
+from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
+from deniable.core.rng import Csprng, default_rng
+
+_OTHER_WEIGHT = 1 << 40
+
+
+class DirectEncoding(LocalRandomiser):
+    """Shared payload codec and estimator of binary RR and GRR."""
+
+    keep_probability: Fraction
+    other_probability: Fraction
+
+    @property
+    def payload_length(self) -> int:
+        return max(1, (max(self.domain_size - 1, 1).bit_length() + 7) // 8)
+
+    @property
+    def count_cells(self) -> int:
+        return self.domain_size
+
+    def _pack(self, value: int) -> bytes:
+        return value.to_bytes(self.payload_length, "big")
+
+    def output_distribution(self, value: int) -> dict[bytes, Fraction]:
+        self.check_value(value)
+        return {
+            self._pack(v): self.keep_probability if v == value else self.other_probability
+            for v in range(self.domain_size)
+        }
+
+    def tally(self, payloads: Sequence[bytes]) -> Tally:
+        width = self.payload_length
+        n = len(payloads)
+        lengths_ok = np.fromiter((len(p) == width for p in payloads), dtype=np.bool_, count=n)
+        joined = b"".join(p if ok else bytes(width) for p, ok in zip(payloads, lengths_ok, strict=True))
+        matrix = np.frombuffer(joined, dtype=np.uint8).reshape(n, width).astype(np.int64)
+        values = np.zeros(n, dtype=np.int64)
+        for column in range(width):
+            values = values * 256 + matrix[:, column]
+        invalid = ~lengths_ok | (values >= self.domain_size)
+        counts = np.bincount(values[~invalid], minlength=self.domain_size).astype(np.int64)
+        return Tally(counts=counts, invalid=invalid)
+
+    def estimate(self, counts: Sequence[int], n: int, confidence: float = 0.95) -> list[Estimate]:
+        if len(counts) != self.domain_size:
+            raise ValueError(f"expected {self.domain_size} counts, got {len(counts)}")
+        p, q = float(self.keep_probability), float(self.other_probability)
+        raw = np.asarray(counts, dtype=np.float64)
+        estimates = (raw - n * q) / (p - q)
+        plug_in = np.clip(estimates, 0.0, float(n))
+        return normal_estimates(list(counts), estimates, self.variance(plug_in, n), confidence)
+
+    def variance(self, true_counts: Sequence[float], n: int) -> FloatArray:
+        p, q = float(self.keep_probability), float(self.other_probability)
+        truth = np.asarray(true_counts, dtype=np.float64)
+        return n * q * (1 - q) / (p - q) ** 2 + truth * (1 - p - q) / (p - q)
+
+
+class BinaryRandomisedResponse(DirectEncoding):
+    """Warner's randomised response on {0, 1}: keep the answer with p = e^eps0 / (1 + e^eps0)."""
+
+    name = "binary_rr"
+    summary = "binary randomised response: keep the bit w.p. e^eps0/(1+e^eps0), else flip it"
+
+    def __init__(self, epsilon0: float, domain_size: int = 2) -> None:
+        if domain_size != 2:
+            raise ValueError("binary_rr has a domain of exactly 2 values")
+        super().__init__(epsilon0, domain_size)
+        bound = exp_lower_bound(epsilon0)
+        scale = 1 << PROBABILITY_BITS
+        self._keep_threshold = math.floor(scale * bound / (1 + bound))
+        self.keep_probability = Fraction(self._keep_threshold, scale)
+        self.other_probability = 1 - self.keep_probability
+
+    def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
+        self.check_value(value)
+        draw = (rng or default_rng()).randbits(PROBABILITY_BITS)
+        flip = int(draw >= self._keep_threshold)
+        return bytes((int(value) ^ flip,))
+
+
+class GeneralisedRandomisedResponse(DirectEncoding):
+    """k-ary RR (GRR): keep w.p. e^eps0 / (e^eps0 + k - 1), else a uniform other value."""
+
+    name = "grr"
+    summary = "k-ary randomised response: the true category w.p. e^eps0/(e^eps0+k-1), else another"
+
+    def __init__(self, epsilon0: float, domain_size: int) -> None:
+        super().__init__(epsilon0, domain_size)
+        if domain_size > 1 << 24:
+            raise ValueError("grr supports at most 2**24 categories")
+        self._keep_weight = math.floor(exp_lower_bound(epsilon0) * _OTHER_WEIGHT)
+        self._total_weight = self._keep_weight + (domain_size - 1) * _OTHER_WEIGHT
+        self.keep_probability = Fraction(self._keep_weight, self._total_weight)
+        self.other_probability = Fraction(_OTHER_WEIGHT, self._total_weight)
+
+    def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
+        self.check_value(value)
+        value = int(value)
+        draw = (rng or default_rng()).randbelow(self._total_weight)
+        keep = int(draw < self._keep_weight)
+        # Both candidates are computed every time; the choice is arithmetic, not a branch.
+        other_index = max(draw - self._keep_weight, 0) // _OTHER_WEIGHT
+        other = other_index + int(other_index >= value)
+        chosen = keep * value + (1 - keep) * other
+        return self._pack(chosen)

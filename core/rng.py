@@ -1,0 +1,129 @@
+"""The one cryptographically secure random source for privacy noise and the shuffle.
+
+A ChaCha20 keystream keyed from ``os.urandom`` (re-keyed in every forked child), read as
+unsigned integers. Every privacy decision is an integer comparison against an exact
+threshold; nothing here returns a float. ``random`` and ``numpy.random`` are never used.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from fractions import Fraction
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+_BUFFER_BYTES: Final = 1 << 16
+_ZERO_BLOCK: Final = bytes(_BUFFER_BYTES)
+
+
+class Csprng:
+    """ChaCha20 keystream generator; thread safe; re-keyed from the OS after ``fork``."""
+
+    def __init__(self, key: bytes | None = None) -> None:
+        """Key from ``os.urandom`` unless a key is given (tests that need reproducible streams)."""
+        self._lock = threading.Lock()
+        self._fixed_key = key
+        self._rekey()
+
+    def _rekey(self) -> None:
+        key = self._fixed_key if self._fixed_key is not None else os.urandom(32)
+        if len(key) != 32:
+            raise ValueError("a Csprng key is 32 bytes")
+        nonce = bytes(16)  # fresh key every time, so a constant nonce is sound
+        self._encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+        self._buffer = b""
+        self._offset = 0
+
+    def reseed_after_fork(self) -> None:
+        """Draw a fresh OS key so a forked child never repeats its parent's stream."""
+        with self._lock:
+            self._fixed_key = None
+            self._rekey()
+
+    def bytes(self, count: int) -> bytes:
+        """Return ``count`` uniformly random bytes."""
+        if count < 0:
+            raise ValueError("count must be non-negative")
+        with self._lock:
+            out = bytearray()
+            while len(out) < count:
+                if self._offset >= len(self._buffer):
+                    self._buffer = self._encryptor.update(_ZERO_BLOCK)
+                    self._offset = 0
+                take = min(count - len(out), len(self._buffer) - self._offset)
+                out += self._buffer[self._offset : self._offset + take]
+                self._offset += take
+            return bytes(out)
+
+    def randbits(self, bits: int) -> int:
+        """Uniform integer in [0, 2**bits)."""
+        if bits <= 0:
+            return 0
+        raw = int.from_bytes(self.bytes((bits + 7) // 8), "big")
+        return raw >> ((8 - bits % 8) % 8)
+
+    def randbelow(self, upper: int) -> int:
+        """Uniform integer in [0, upper), exact, by rejection on ``bit_length(upper)`` bits.
+
+        The number of draws depends only on ``upper`` (public), never on a private value.
+        """
+        if upper <= 0:
+            raise ValueError("upper must be positive")
+        bits = upper.bit_length()
+        while True:
+            candidate = self.randbits(bits)
+            if candidate < upper:
+                return candidate
+
+    def bernoulli(self, probability: Fraction) -> bool:
+        """True with exactly the rational ``probability``."""
+        if not 0 <= probability <= 1:
+            raise ValueError("probability must lie in [0, 1]")
+        return self.randbelow(probability.denominator) < probability.numerator
+
+    def uint64_array(self, count: int) -> npt.NDArray[np.uint64]:
+        """``count`` independent uniform 64-bit integers as a numpy array."""
+        return np.frombuffer(self.bytes(8 * count), dtype="<u8").astype(np.uint64)
+
+    def randbelow_array(self, upper: int, count: int) -> npt.NDArray[np.int64]:
+        """``count`` independent exact uniform integers in [0, upper), vectorised rejection."""
+        if not 0 < upper <= 1 << 62:
+            raise ValueError("upper must be in (0, 2**62]")
+        bits = upper.bit_length()
+        out = np.empty(count, dtype=np.int64)
+        filled = 0
+        while filled < count:
+            need = count - filled
+            draw = self.uint64_array(need + need // 4 + 16) >> np.uint64(64 - bits)
+            ok = draw[draw < np.uint64(upper)][:need]
+            out[filled : filled + len(ok)] = ok.astype(np.int64)
+            filled += len(ok)
+        return out
+
+    def permutation(self, count: int) -> npt.NDArray[np.int64]:
+        """A uniformly random permutation of range(count).
+
+        Sorts by independent 64-bit keys; if any two keys collide the keys are drawn again, so
+        every permutation has exactly equal probability.
+        """
+        if count < 0:
+            raise ValueError("count must be non-negative")
+        while True:
+            keys = self.uint64_array(count)
+            order = np.argsort(keys, kind="stable")
+            sorted_keys = keys[order]
+            if count < 2 or not bool(np.any(sorted_keys[1:] == sorted_keys[:-1])):
+                return order.astype(np.int64)
+
+
+_default = Csprng()
+os.register_at_fork(after_in_child=_default.reseed_after_fork)
+
+
+def default_rng() -> Csprng:
+    """The process-wide CSPRNG used by every production randomiser and by the shuffle."""
+    return _default

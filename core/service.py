@@ -1,0 +1,74 @@
+"""gRPC server plumbing shared by the shuffler and the aggregator.
+
+Explicit message-size limits, the standard health service, binding that fails loudly when the
+port is taken, and graceful shutdown on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from deniable.core.errors import ConfigurationError
+
+MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_MAX_CONCURRENT_RPCS: Final = 256
+CHANNEL_OPTIONS: Final = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+def new_server() -> grpc.aio.Server:
+    """A grpc.aio server with Deniable's size limits."""
+    return grpc.aio.server(
+        options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
+        maximum_concurrent_rpcs=DEFAULT_MAX_CONCURRENT_RPCS,
+    )
+
+
+def add_health(server: grpc.aio.Server, *service_names: str) -> health.HealthServicer:
+    """Register the gRPC health service reporting SERVING for the overall server and each name."""
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for name in ("", *service_names):
+        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return servicer
+
+
+def bind(server: grpc.aio.Server, address: str) -> int:
+    """Bind an insecure port; ConfigurationError with one line if it cannot be had."""
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise ConfigurationError(f"cannot listen on {address}: {exc}") from exc
+    if port == 0:
+        raise ConfigurationError(f"cannot listen on {address}: address in use or not available")
+    return port
+
+
+def host_of(address: str) -> str:
+    """The host part of host:port (IPv6 brackets kept)."""
+    return address.rsplit(":", 1)[0]
+
+
+def insecure_channel(address: str) -> grpc.aio.Channel:
+    """A client channel with the same message-size limits as the servers."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+async def run_until_signalled(stop: Callable[[], Awaitable[None]]) -> None:
+    """Block until SIGTERM or SIGINT, then call ``stop`` (graceful shutdown)."""
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stopped.set)
+    await stopped.wait()
+    await stop()

@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs for the Deniable v1 contract."""
