@@ -110,6 +110,8 @@ def seal_report(plaintext: bytes, public_key: PublicKey, campaign_id: str) -> by
 def open_report(ciphertext: bytes, key_pair: KeyPair, campaign_id: str) -> bytes:
     """Decrypt one report; raises ``DecryptionError`` for anything that does not authenticate."""
     try:
-        return _SUITE.decrypt(ciphertext, key_pair._private(), info=envelope_info(campaign_id, key_pair.key_id))
+        return _SUITE.decrypt(
+            ciphertext, key_pair._private(), info=envelope_info(campaign_id, key_pair.key_id)
+        )
     except (InvalidTag, ValueError) as exc:
         raise DecryptionError(str(exc) or type(exc).__name__) from exc

@@ -95,7 +95,7 @@ class LocalRandomiser(ABC):
         """Unbiased per-bucket estimates of the true counts from ``n`` counted reports."""
 
     @abstractmethod
-    def variance(self, true_counts: Sequence[float], n: int) -> FloatArray:
+    def variance(self, true_counts: Sequence[float] | FloatArray, n: int) -> FloatArray:
         """Exact variance of each bucket's estimator when the true counts are ``true_counts``."""
 
     @property

@@ -74,7 +74,7 @@ class DirectEncoding(LocalRandomiser):
         plug_in = np.clip(estimates, 0.0, float(n))
         return normal_estimates(list(counts), estimates, self.variance(plug_in, n), confidence)
 
-    def variance(self, true_counts: Sequence[float], n: int) -> FloatArray:
+    def variance(self, true_counts: Sequence[float] | FloatArray, n: int) -> FloatArray:
         p, q = float(self.keep_probability), float(self.other_probability)
         truth = np.asarray(true_counts, dtype=np.float64)
         return n * q * (1 - q) / (p - q) ** 2 + truth * (1 - p - q) / (p - q)

@@ -61,9 +61,12 @@ def encode(plaintext: Plaintext, length: int) -> bytes:
         raise ValueError(f"invalid campaign id {plaintext.campaign_id!r}")
     if len(plaintext.report_id) != REPORT_ID_LENGTH:
         raise ValueError("report id must be 16 bytes")
-    body = _HEAD.pack(
-        VERSION, plaintext.report_id, plaintext.key_id, len(campaign), campaign, len(plaintext.payload)
-    ) + plaintext.payload
+    body = (
+        _HEAD.pack(
+            VERSION, plaintext.report_id, plaintext.key_id, len(campaign), campaign, len(plaintext.payload)
+        )
+        + plaintext.payload
+    )
     if len(body) > length:
         raise ValueError(f"payload of {len(plaintext.payload)} bytes does not fit a {length}-byte plaintext")
     return body + bytes(length - len(body))
@@ -89,4 +92,6 @@ def decode(data: bytes, length: int) -> Plaintext:
         campaign_id = campaign_raw[:campaign_len].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedPlaintext("campaign id is not UTF-8") from exc
-    return Plaintext(report_id=report_id, campaign_id=campaign_id, key_id=key_id, payload=data[HEADER_LENGTH:end])
+    return Plaintext(
+        report_id=report_id, campaign_id=campaign_id, key_id=key_id, payload=data[HEADER_LENGTH:end]
+    )
