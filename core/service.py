@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import grpc
@@ -25,10 +25,18 @@ CHANNEL_OPTIONS: Final = [
 ]
 
 
-def new_server() -> grpc.aio.Server:
-    """A grpc.aio server with Deniable's size limits."""
+def new_server(
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> grpc.aio.Server:
+    """A grpc.aio server with explicit size limits; larger requests get RESOURCE_EXHAUSTED."""
     return grpc.aio.server(
-        options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
+        interceptors=list(interceptors),
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
         maximum_concurrent_rpcs=DEFAULT_MAX_CONCURRENT_RPCS,
     )
 
