@@ -6,6 +6,7 @@ relabelled with another key id fails to open.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from dataclasses import dataclass
@@ -21,6 +22,18 @@ SUITE_NAME: Final = "X25519-HKDF-SHA256-CHACHA20POLY1305"
 HPKE_OVERHEAD: Final = 48  # 32-byte encapsulated key + 16-byte Poly1305 tag
 _SUITE: Final = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
 _INFO_PREFIX: Final = b"deniable/v1/report"
+
+
+@functools.lru_cache(maxsize=64)
+def _public_key_object(raw: bytes) -> X25519PublicKey:
+    """Parsed public key, cached: parsing costs a third of a seal."""
+    return X25519PublicKey.from_public_bytes(raw)
+
+
+@functools.lru_cache(maxsize=64)
+def _private_key_object(raw: bytes) -> X25519PrivateKey:
+    """Parsed private key, cached: parsing costs a third of an open."""
+    return X25519PrivateKey.from_private_bytes(raw)
 
 
 class DecryptionError(Exception):
@@ -52,7 +65,7 @@ class PublicKey:
             raise ValueError("key id must fit in 32 bits")
 
     def _key(self) -> X25519PublicKey:
-        return X25519PublicKey.from_public_bytes(self.raw)
+        return _public_key_object(self.raw)
 
 
 @dataclass(frozen=True)
@@ -77,7 +90,7 @@ class KeyPair:
         return PublicKey(key_id=self.key_id, raw=raw)
 
     def _private(self) -> X25519PrivateKey:
-        return X25519PrivateKey.from_private_bytes(self.private_raw)
+        return _private_key_object(self.private_raw)
 
     def save(self, path: Path) -> None:
         """Write the private key to ``path`` readable by its owner only (mode 0600)."""

@@ -1,0 +1,380 @@
+"""The aggregator's logic, free of gRPC: campaigns, batch ingestion, queries, keys.
+
+Failures are the exceptions below; the servicer maps each to one gRPC status. Decryption runs
+off the event loop (a process pool when configured, else the default thread executor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from functools import partial
+from typing import Final
+
+from deniable.aggregator.decrypt import OK, Envelope, Opened, open_reports
+from deniable.aggregator.keys import Keyring
+from deniable.aggregator.metrics import AggregatorMetrics
+from deniable.aggregator.store import (
+    AggregatorStore,
+    BatchConflict,
+    CampaignExists,
+    CountCells,
+    UnknownCampaign,
+)
+from deniable.core.accounting import central_guarantee
+from deniable.core.accounting.shuffle import LOCAL_ONLY
+from deniable.core.batches import batch_digest
+from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
+from deniable.core.crypto import SUITE_NAME
+from deniable.core.mechanisms import LocalRandomiser
+from deniable.core.mechanisms.base import IntArray
+from deniable.v1 import deniable_pb2 as pb
+
+MAX_EPSILON0: Final = 20.0
+MAX_LABELS: Final = 4096
+MAX_LABEL_CHARS: Final = 256
+MAX_QUESTION_CHARS: Final = 4096
+DEFAULT_DELTA: Final = 1e-6
+DEFAULT_N_MIN: Final = 1000
+DEFAULT_CONFIDENCE: Final = 0.95
+MIN_CHUNK: Final = 512
+PAYLOAD_OUT_OF_DOMAIN: Final = int(pb.PAYLOAD_OUT_OF_DOMAIN)
+
+
+class HandlerError(Exception):
+    """A request the aggregator refuses; the message is safe to return to the caller."""
+
+
+class InvalidRequest(HandlerError):
+    """Malformed or out-of-range request fields (INVALID_ARGUMENT)."""
+
+
+class NotFound(HandlerError):
+    """The named campaign does not exist (NOT_FOUND)."""
+
+
+class AlreadyExists(HandlerError):
+    """A campaign id or batch id is already taken (ALREADY_EXISTS)."""
+
+
+class FailedPrecondition(HandlerError):
+    """The request does not fit the campaign's state or kind (FAILED_PRECONDITION)."""
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+def _validate_labels(request: pb.CreateCampaignRequest) -> list[str]:
+    """Labels of a CATEGORICAL campaign: 2..4096 distinct, non-blank, bounded length."""
+    labels = list(request.labels)
+    if len(labels) < 2:
+        raise InvalidRequest(f"a categorical campaign needs at least 2 labels, got {len(labels)}")
+    if len(labels) > MAX_LABELS:
+        raise InvalidRequest(f"a campaign has at most {MAX_LABELS} labels, got {len(labels)}")
+    for index, label in enumerate(labels):
+        if not label.strip():
+            raise InvalidRequest(f"label {index} is empty")
+        if len(label) > MAX_LABEL_CHARS:
+            raise InvalidRequest(f"label {index} is longer than {MAX_LABEL_CHARS} characters")
+    repeated = [label for label, count in Counter(labels).items() if count > 1]
+    if repeated:
+        raise InvalidRequest(f"labels must be distinct; repeated: {repeated[0]!r}")
+    return labels
+
+
+def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
+    """Check every field and apply the defaults; the campaign lacks keys, sizes and time."""
+    if not request.id:
+        raise InvalidRequest("campaign id is required")
+    if not valid_campaign_id(request.id):
+        raise InvalidRequest(
+            f"invalid campaign id {request.id[:80]!r}:"
+            " use 1-63 of a-z 0-9 . _ -, starting with a letter or digit"
+        )
+    if len(request.question) > MAX_QUESTION_CHARS:
+        raise InvalidRequest(f"question is longer than {MAX_QUESTION_CHARS} characters")
+
+    if request.kind == pb.BINARY:
+        labels = list(BINARY_LABELS)
+        mechanism = request.mechanism or pb.BINARY_RR
+        if mechanism not in (pb.BINARY_RR, pb.GRR):
+            raise InvalidRequest(f"mechanism {int(mechanism)} is not supported for a binary campaign")
+    elif request.kind == pb.CATEGORICAL:
+        labels = _validate_labels(request)
+        mechanism = request.mechanism or pb.GRR
+        if mechanism == pb.BINARY_RR:
+            raise InvalidRequest("BINARY_RR is only for binary campaigns; use GRR for categories")
+        if mechanism != pb.GRR:
+            raise InvalidRequest(f"mechanism {int(mechanism)} is not supported for a categorical campaign")
+    else:
+        raise InvalidRequest("kind is required: BINARY or CATEGORICAL")
+
+    epsilon0 = request.epsilon0
+    if not (_finite(epsilon0) and 0 < epsilon0 <= MAX_EPSILON0):
+        raise InvalidRequest(f"epsilon0 must be a finite number in (0, {MAX_EPSILON0:g}], got {epsilon0!r}")
+    delta = request.delta if request.delta != 0 else DEFAULT_DELTA
+    if not (_finite(delta) and 0 < delta < 1):
+        raise InvalidRequest(f"delta must lie in (0, 1), got {request.delta!r}")
+    n_min = request.n_min or DEFAULT_N_MIN
+    start, end = request.window_start_unix, request.window_end_unix
+    if start < 0 or end < 0:
+        raise InvalidRequest("window times are Unix seconds and cannot be negative")
+    if start and end and end <= start:
+        raise InvalidRequest(f"window_end_unix ({end}) must be after window_start_unix ({start})")
+    budget = request.device_budget_epsilon if request.device_budget_epsilon != 0 else epsilon0
+    if not (_finite(budget) and budget >= epsilon0):
+        raise InvalidRequest(
+            f"device_budget_epsilon must be a finite number >= epsilon0 ({epsilon0:g}), got {budget!r}"
+        )
+    return pb.Campaign(
+        id=request.id,
+        question=request.question,
+        kind=request.kind,
+        labels=labels,
+        mechanism=mechanism,
+        epsilon0=epsilon0,
+        delta=delta,
+        n_min=n_min,
+        window_start_unix=start,
+        window_end_unix=end,
+        device_budget_epsilon=budget,
+    )
+
+
+def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.PrivacyStatement:
+    """The guarantee for the counted reports: central (epsilon, delta) at the smallest shuffle."""
+    if n == 0 or smallest_batch == 0:
+        return pb.PrivacyStatement(
+            epsilon0=campaign.epsilon0,
+            central_epsilon=campaign.epsilon0,
+            delta=0.0,
+            analysis=LOCAL_ONLY,
+            amplified=False,
+            smallest_batch=0,
+            note="nothing counted yet; every report will carry the local guarantee",
+        )
+    bound = central_guarantee(campaign.epsilon0, smallest_batch, campaign.delta)
+    return pb.PrivacyStatement(
+        epsilon0=campaign.epsilon0,
+        central_epsilon=bound.epsilon,
+        delta=bound.delta,
+        analysis=bound.analysis,
+        amplified=bound.amplified,
+        smallest_batch=smallest_batch,
+        note=bound.note,
+    )
+
+
+def _chunks(items: Sequence[Envelope], parts: int) -> list[Sequence[Envelope]]:
+    """Split into at most ``parts`` contiguous chunks of at least MIN_CHUNK items."""
+    size = max(MIN_CHUNK, -(-len(items) // max(parts, 1)))
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class AggregatorHandlers:
+    """Every aggregator RPC as a plain coroutine over protobuf messages."""
+
+    def __init__(
+        self,
+        store: AggregatorStore,
+        keyring: Keyring,
+        metrics: AggregatorMetrics | None = None,
+        executor: Executor | None = None,
+        decrypt_workers: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``executor`` runs decryption (None: the loop's default); ``decrypt_workers`` sets chunking."""
+        self.store = store
+        self.keyring = keyring
+        self.metrics = metrics or AggregatorMetrics()
+        self._executor = executor
+        self._workers = decrypt_workers
+        self._clock = clock
+
+    async def create_campaign(self, request: pb.CreateCampaignRequest) -> pb.Campaign:
+        """Validate, fill in key and report sizes, and store a new campaign."""
+        campaign = validate_campaign_request(request)
+        try:
+            layout = layout_for(randomiser_for(campaign))
+        except ValueError as exc:
+            raise InvalidRequest(f"mechanism parameters rejected: {exc}") from exc
+        key = self.keyring.active.public
+        campaign.key_id = key.key_id
+        campaign.public_key = key.raw
+        campaign.hpke_suite = SUITE_NAME
+        campaign.payload_length = layout.payload_length
+        campaign.plaintext_length = layout.plaintext_length
+        campaign.ciphertext_length = layout.ciphertext_length
+        campaign.created_unix = int(self._clock())
+        try:
+            await self.store.create_campaign(campaign)
+        except CampaignExists:
+            raise AlreadyExists(f"campaign {campaign.id} already exists") from None
+        return campaign
+
+    async def _campaign(self, campaign_id: str) -> pb.Campaign:
+        if not campaign_id:
+            raise InvalidRequest("campaign_id is required")
+        campaign = await self.store.get_campaign(campaign_id)
+        if campaign is None:
+            raise NotFound(f"no campaign {campaign_id[:80]!r}")
+        return campaign
+
+    async def get_campaign(self, request: pb.GetCampaignRequest) -> pb.Campaign:
+        """One campaign by id."""
+        return await self._campaign(request.campaign_id)
+
+    async def list_campaigns(self) -> pb.ListCampaignsResponse:
+        """Every campaign, oldest first."""
+        return pb.ListCampaignsResponse(campaigns=await self.store.list_campaigns())
+
+    async def _open(self, campaign: pb.Campaign, envelopes: Sequence[Envelope]) -> list[Opened]:
+        """Decrypt off the event loop, in chunks spread over the worker processes."""
+        if not envelopes:
+            return []
+        work = partial(
+            open_reports,
+            campaign.id,
+            campaign.plaintext_length,
+            campaign.ciphertext_length,
+            self.keyring.private_keys(),
+        )
+        loop = asyncio.get_running_loop()
+        if self._executor is None or self._workers <= 0:
+            return await loop.run_in_executor(self._executor, work, envelopes)
+        chunks = _chunks(envelopes, self._workers)
+        parts = await asyncio.gather(*(loop.run_in_executor(self._executor, work, c) for c in chunks))
+        return [opened for part in parts for opened in part]
+
+    async def ingest_batch(self, batch: pb.ShuffledBatch) -> pb.IngestBatchResponse:
+        """Count a shuffled batch once: refuse it whole if its manifest is wrong."""
+        try:
+            return await self._ingest(batch)
+        except HandlerError:
+            self.metrics.batch("refused")
+            raise
+
+    async def _ingest(self, batch: pb.ShuffledBatch) -> pb.IngestBatchResponse:
+        if not batch.batch_id:
+            raise InvalidRequest("batch_id is required")
+        campaign = await self._campaign(batch.campaign_id)
+        envelopes, digest = await asyncio.to_thread(_envelopes_and_digest, batch)
+        if digest != batch.digest:
+            raise InvalidRequest(f"batch {batch.batch_id[:80]!r}: digest does not match its reports")
+
+        seen = await self.store.find_batch(batch.batch_id)
+        if seen is not None:
+            return self._duplicate(batch, seen.campaign_id, seen.digest)
+
+        randomiser = randomiser_for(campaign)
+        opened = await self._open(campaign, envelopes)
+        valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
+        try:
+            outcome = await self.store.ingest(
+                batch_id=batch.batch_id,
+                campaign_id=campaign.id,
+                digest=batch.digest,
+                batch_size=len(envelopes),
+                valid_reports=valid,
+                rejected=rejected,
+                count_cells=_counter(randomiser),
+                cells=randomiser.count_cells,
+            )
+        except BatchConflict as exc:
+            raise AlreadyExists(str(exc)) from None
+        except UnknownCampaign:
+            raise NotFound(f"no campaign {campaign.id!r}") from None
+        if outcome.duplicate_batch:
+            return self._duplicate(batch, campaign.id, batch.digest)
+        self.metrics.batch("ingested")
+        self.metrics.counted(outcome.counted)
+        self.metrics.rejected(outcome.rejected)
+        return pb.IngestBatchResponse(
+            batch_id=batch.batch_id,
+            duplicate_batch=False,
+            counted=outcome.counted,
+            rejected=[
+                pb.RejectionCount(reason=reason, count=count)  # type: ignore[arg-type]
+                for reason, count in sorted(outcome.rejected.items())
+            ],
+        )
+
+    def _duplicate(self, batch: pb.ShuffledBatch, campaign_id: str, digest: bytes) -> pb.IngestBatchResponse:
+        """Acknowledge a batch seen before (same content); a reused id with new content is refused."""
+        if campaign_id != batch.campaign_id or digest != batch.digest:
+            raise AlreadyExists(f"batch id {batch.batch_id[:80]!r} was already used for a different batch")
+        self.metrics.batch("duplicate")
+        return pb.IngestBatchResponse(batch_id=batch.batch_id, duplicate_batch=True)
+
+    async def query(self, request: pb.QueryRequest, binary: bool) -> pb.QueryResponse:
+        """Debiased estimates with confidence intervals, and the privacy guarantee that holds."""
+        confidence = request.confidence if request.confidence != 0 else DEFAULT_CONFIDENCE
+        if not (_finite(confidence) and 0 < confidence < 1):
+            raise InvalidRequest(f"confidence must lie in (0, 1), got {request.confidence!r}")
+        campaign = await self._campaign(request.campaign_id)
+        if binary and campaign.kind != pb.BINARY:
+            raise FailedPrecondition(f"campaign {campaign.id} is categorical: use Histogram, not BinarySum")
+        randomiser = randomiser_for(campaign)
+        try:
+            snapshot = await self.store.snapshot(campaign.id, randomiser.count_cells)
+        except UnknownCampaign:
+            raise NotFound(f"no campaign {campaign.id!r}") from None
+        estimates = randomiser.estimate(snapshot.counts, snapshot.n, confidence)
+        return pb.QueryResponse(
+            campaign_id=campaign.id,
+            mechanism=campaign.mechanism,
+            n=snapshot.n,
+            buckets=[
+                pb.BucketEstimate(
+                    label=label,
+                    raw_count=e.raw_count,
+                    estimate=e.estimate,
+                    std_error=e.std_error,
+                    ci_low=e.ci_low,
+                    ci_high=e.ci_high,
+                )
+                for label, e in zip(campaign.labels, estimates, strict=True)
+            ],
+            privacy=privacy_statement(campaign, snapshot.n, snapshot.smallest_batch),
+            confidence=confidence,
+            rejected=sum(snapshot.rejected.values()),
+        )
+
+    async def list_keys(self) -> pb.ListKeysResponse:
+        """Public metadata of every aggregator key."""
+        return pb.ListKeysResponse(keys=self.keyring.infos())
+
+
+def _counter(randomiser: LocalRandomiser) -> CountCells:
+    """The randomiser's count cells for already validated payloads."""
+
+    def count(payloads: Sequence[bytes]) -> IntArray:
+        return randomiser.tally(payloads).counts
+
+    return count
+
+
+def _envelopes_and_digest(batch: pb.ShuffledBatch) -> tuple[list[Envelope], bytes]:
+    """Plain (campaign, key id, ciphertext) tuples and the manifest digest they give."""
+    envelopes: list[Envelope] = [(r.campaign_id, r.key_id, r.ciphertext) for r in batch.reports]
+    return envelopes, batch_digest(e[2] for e in envelopes)
+
+
+def _screen(
+    randomiser: LocalRandomiser, opened: Sequence[Opened]
+) -> tuple[list[tuple[bytes, bytes]], dict[int, int]]:
+    """Split opened reports into (report id, payload) pairs to count and rejections by reason."""
+    rejected: Counter[int] = Counter(reason for reason, _, _ in opened if reason != OK)
+    decoded = [(report_id, payload) for reason, report_id, payload in opened if reason == OK]
+    if not decoded:
+        return decoded, dict(rejected)
+    invalid = randomiser.tally([payload for _, payload in decoded]).invalid.tolist()
+    valid = [pair for pair, bad in zip(decoded, invalid, strict=True) if not bad]
+    if len(valid) != len(decoded):
+        rejected[PAYLOAD_OUT_OF_DOMAIN] += len(decoded) - len(valid)
+    return valid, dict(rejected)

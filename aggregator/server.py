@@ -1,0 +1,152 @@
+"""Starting and stopping the aggregator service: keys, store, decrypt pool, gRPC server, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import grpc
+from grpc_health.v1 import health
+
+from deniable.aggregator.handlers import AggregatorHandlers
+from deniable.aggregator.keys import Keyring
+from deniable.aggregator.metrics import AggregatorMetrics
+from deniable.aggregator.servicer import AggregatorServicer
+from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
+from deniable.core.errors import ConfigurationError
+from deniable.core.service import (
+    MAX_MESSAGE_BYTES,
+    add_health,
+    bind,
+    host_of,
+    new_server,
+    run_until_signalled,
+)
+from deniable.v1 import deniable_pb2_grpc as pb_grpc
+
+SERVICE_NAME: Final = "deniable.v1.Aggregator"
+DATABASE_FILE: Final = "aggregator.sqlite3"
+log = logging.getLogger("deniable.aggregator")
+
+
+@dataclass
+class AggregatorConfig:
+    """Where the aggregator keeps its state and how it serves."""
+
+    data_dir: Path
+    listen: str = "127.0.0.1:7700"
+    decrypt_workers: int = 0
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    metrics_port: int | None = None
+
+
+@dataclass
+class RunningAggregator:
+    """A started aggregator; ``stop`` shuts it down gracefully (idempotent)."""
+
+    port: int
+    address: str
+    handlers: AggregatorHandlers
+    metrics: AggregatorMetrics
+    server: grpc.aio.Server
+    health: health.HealthServicer
+    store: AggregatorStore
+    executor: Executor | None
+    metrics_port: int | None = None
+    _stopped: bool = field(default=False, repr=False)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """NOT_SERVING, finish in-flight RPCs (up to ``grace`` s), close the store, stop the pool."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.store.close()
+        if self.executor is not None:
+            await asyncio.to_thread(self.executor.shutdown, wait=True, cancel_futures=True)
+        await asyncio.to_thread(self.metrics.stop_http)
+        log.info("aggregator stopped", extra={"address": self.address})
+
+
+def _prepare_data_dir(data_dir: Path) -> None:
+    """Create the data directory and prove it is writable; ConfigurationError otherwise."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        probe = data_dir / ".write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigurationError(f"data directory {data_dir} is not writable: {exc}") from exc
+
+
+def _decrypt_pool(workers: int) -> Executor | None:
+    """A process pool (spawned, never forked from a process running gRPC) or None for threads."""
+    if workers < 0:
+        raise ConfigurationError(f"decrypt_workers must be >= 0, got {workers}")
+    if workers == 0:
+        return None
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
+    """Start serving; ConfigurationError (one line) for a bad data dir, keys or address."""
+    _prepare_data_dir(config.data_dir)
+    keyring = Keyring.load_or_create(config.data_dir)
+    store: AggregatorStore = SqliteAggregatorStore(config.data_dir / DATABASE_FILE)
+    executor: Executor | None = None
+    metrics = AggregatorMetrics()
+    try:
+        executor = _decrypt_pool(config.decrypt_workers)
+        handlers = AggregatorHandlers(store, keyring, metrics, executor, config.decrypt_workers)
+        server = new_server(config.max_message_bytes)
+        pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
+        health_servicer = add_health(server, SERVICE_NAME)
+        port = bind(server, config.listen)
+        await server.start()
+        metrics_port = None
+        if config.metrics_port is not None:
+            try:
+                metrics_port = metrics.serve_http(config.metrics_port, host_of(config.listen).strip("[]"))
+            except OSError as exc:
+                await server.stop(0)
+                message = f"cannot serve metrics on port {config.metrics_port}: {exc}"
+                raise ConfigurationError(message) from exc
+    except BaseException:
+        await store.close()
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        raise
+    address = f"{host_of(config.listen)}:{port}"
+    log.info("aggregator listening", extra={"address": address, "pid": os.getpid()})
+    return RunningAggregator(
+        port=port,
+        address=address,
+        handlers=handlers,
+        metrics=metrics,
+        server=server,
+        health=health_servicer,
+        store=store,
+        executor=executor,
+        metrics_port=metrics_port,
+    )
+
+
+async def serve_aggregator(
+    config: AggregatorConfig, on_started: Callable[[RunningAggregator], None] | None = None
+) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    running = await start_aggregator(config)
+    if on_started is not None:
+        on_started(running)
+    try:
+        await run_until_signalled(running.stop)
+    finally:
+        await running.stop()

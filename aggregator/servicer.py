@@ -1,0 +1,106 @@
+"""gRPC face of the aggregator: each RPC calls one handler and maps its errors to a status.
+
+Unexpected exceptions are logged (method name only, never a client identifier) and become
+INTERNAL; nothing a request does can take the server down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Final, TypeVar
+
+import grpc
+
+from deniable.aggregator.handlers import (
+    AggregatorHandlers,
+    AlreadyExists,
+    FailedPrecondition,
+    HandlerError,
+    InvalidRequest,
+    NotFound,
+)
+from deniable.v1 import deniable_pb2 as pb
+from deniable.v1 import deniable_pb2_grpc as pb_grpc
+
+R = TypeVar("R")
+log = logging.getLogger("deniable.aggregator")
+
+_CODES: Final[dict[type[HandlerError], grpc.StatusCode]] = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+def status_for(error: HandlerError) -> grpc.StatusCode:
+    """The gRPC status of a handler error (FAILED_PRECONDITION for unlisted subclasses)."""
+    for cls in type(error).__mro__:
+        if cls in _CODES:
+            return _CODES[cls]
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+class AggregatorServicer(pb_grpc.AggregatorServicer):
+    """Thin adapter from grpc.aio to ``AggregatorHandlers``."""
+
+    def __init__(self, handlers: AggregatorHandlers) -> None:
+        """Serve ``handlers``; failures are counted in ``handlers.metrics``."""
+        self._handlers = handlers
+
+    async def _call(self, rpc: str, context: grpc.aio.ServicerContext[object, R], call: Awaitable[R]) -> R:
+        try:
+            return await call
+        except HandlerError as exc:
+            code = status_for(exc)
+            message = str(exc)
+        except Exception:
+            log.exception("unexpected error", extra={"rpc": rpc})
+            code, message = grpc.StatusCode.INTERNAL, "internal error (logged at the aggregator)"
+        self._handlers.metrics.failed(rpc, code.name)
+        await context.abort(code, message)
+
+    async def CreateCampaign(  # noqa: N802 (gRPC method name)
+        self, request: pb.CreateCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
+    ) -> pb.Campaign:
+        """Create a campaign (the aggregator owns campaigns and their keys)."""
+        return await self._call("CreateCampaign", context, self._handlers.create_campaign(request))
+
+    async def GetCampaign(  # noqa: N802 (gRPC method name)
+        self, request: pb.GetCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
+    ) -> pb.Campaign:
+        """One campaign by id."""
+        return await self._call("GetCampaign", context, self._handlers.get_campaign(request))
+
+    async def ListCampaigns(  # noqa: N802 (gRPC method name)
+        self,
+        request: pb.ListCampaignsRequest,
+        context: grpc.aio.ServicerContext[object, pb.ListCampaignsResponse],
+    ) -> pb.ListCampaignsResponse:
+        """Every campaign."""
+        return await self._call("ListCampaigns", context, self._handlers.list_campaigns())
+
+    async def IngestBatch(  # noqa: N802 (gRPC method name)
+        self, request: pb.ShuffledBatch, context: grpc.aio.ServicerContext[object, pb.IngestBatchResponse]
+    ) -> pb.IngestBatchResponse:
+        """Count a shuffled batch (idempotent on its batch id)."""
+        return await self._call("IngestBatch", context, self._handlers.ingest_batch(request))
+
+    async def BinarySum(  # noqa: N802 (gRPC method name)
+        self, request: pb.QueryRequest, context: grpc.aio.ServicerContext[object, pb.QueryResponse]
+    ) -> pb.QueryResponse:
+        """Estimates for a binary campaign."""
+        return await self._call("BinarySum", context, self._handlers.query(request, binary=True))
+
+    async def Histogram(  # noqa: N802 (gRPC method name)
+        self, request: pb.QueryRequest, context: grpc.aio.ServicerContext[object, pb.QueryResponse]
+    ) -> pb.QueryResponse:
+        """Estimates for every bucket of any campaign."""
+        return await self._call("Histogram", context, self._handlers.query(request, binary=False))
+
+    async def ListKeys(  # noqa: N802 (gRPC method name)
+        self, request: pb.ListKeysRequest, context: grpc.aio.ServicerContext[object, pb.ListKeysResponse]
+    ) -> pb.ListKeysResponse:
+        """Public metadata of the aggregator's keys."""
+        return await self._call("ListKeys", context, self._handlers.list_keys())

@@ -1,0 +1,241 @@
+"""Contract suite for AggregatorStore: every implementation in STORE_FACTORIES must pass it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from deniable.aggregator.store import (
+    AggregatorStore,
+    BatchConflict,
+    CampaignExists,
+    IngestOutcome,
+    UnknownCampaign,
+)
+from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import StoreOpener
+
+
+CELLS = 3
+DUP = int(pb.DUPLICATE_REPORT)
+UNDECRYPTABLE = int(pb.UNDECRYPTABLE)
+
+
+def campaign(campaign_id: str = "c1") -> pb.Campaign:
+    return pb.Campaign(
+        id=campaign_id,
+        question="q",
+        kind=pb.CATEGORICAL,
+        labels=["a", "b", "c"],
+        mechanism=pb.GRR,
+        epsilon0=1.0,
+        delta=1e-6,
+        n_min=10,
+        key_id=1,
+        public_key=bytes(32),
+        created_unix=1_700_000_000,
+    )
+
+
+def count_cells(payloads: Sequence[bytes]) -> np.ndarray:
+    return np.bincount([p[0] for p in payloads], minlength=CELLS).astype(np.int64)
+
+
+def reports(values: Sequence[int]) -> list[tuple[bytes, bytes]]:
+    return [(os.urandom(16), bytes([v])) for v in values]
+
+
+async def ingest(
+    store: AggregatorStore,
+    batch_id: str,
+    valid: Sequence[tuple[bytes, bytes]],
+    *,
+    campaign_id: str = "c1",
+    rejected: dict[int, int] | None = None,
+    digest: bytes = b"d",
+    batch_size: int | None = None,
+) -> IngestOutcome:
+    return await store.ingest(
+        batch_id=batch_id,
+        campaign_id=campaign_id,
+        digest=digest,
+        batch_size=batch_size if batch_size is not None else len(valid) + sum((rejected or {}).values()),
+        valid_reports=valid,
+        rejected=rejected or {},
+        count_cells=count_cells,
+        cells=CELLS,
+    )
+
+
+async def test_campaign_round_trip_and_listing(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign("c1"))
+    await store.create_campaign(campaign("c2"))
+    assert await store.get_campaign("c1") == campaign("c1")
+    assert await store.get_campaign("missing") is None
+    assert [c.id for c in await store.list_campaigns()] == ["c1", "c2"]
+
+
+async def test_duplicate_campaign_id_is_refused(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign("c1"))
+    changed = campaign("c1")
+    changed.question = "other"
+    with pytest.raises(CampaignExists):
+        await store.create_campaign(changed)
+    stored = await store.get_campaign("c1")
+    assert stored is not None and stored.question == "q"
+
+
+async def test_fresh_campaign_snapshot_is_empty(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    snap = await store.snapshot("c1", CELLS)
+    assert (snap.counts, snap.n, snap.smallest_batch, snap.rejected, snap.batches) == ([0, 0, 0], 0, 0, {}, 0)
+
+
+async def test_unknown_campaign(store: AggregatorStore) -> None:
+    with pytest.raises(UnknownCampaign):
+        await store.snapshot("nope", CELLS)
+    with pytest.raises(UnknownCampaign):
+        await ingest(store, "b1", reports([0]), campaign_id="nope")
+    assert await store.find_batch("b1") is None
+
+
+async def test_ingest_counts_and_rejections(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    out = await ingest(store, "b1", reports([0, 1, 1, 2, 2, 2]), rejected={UNDECRYPTABLE: 2})
+    assert not out.duplicate_batch
+    assert out.counted == 6
+    assert out.rejected == {UNDECRYPTABLE: 2}
+    out = await ingest(store, "b2", reports([2, 2]), rejected={UNDECRYPTABLE: 1, int(pb.UNKNOWN_KEY_ID): 3})
+    snap = await store.snapshot("c1", CELLS)
+    assert snap.counts == [1, 2, 5]
+    assert snap.n == 8
+    assert snap.rejected == {UNDECRYPTABLE: 3, int(pb.UNKNOWN_KEY_ID): 3}
+    assert snap.batches == 2
+    record = await store.find_batch("b1")
+    assert record is not None and (record.campaign_id, record.digest, record.counted) == ("c1", b"d", 6)
+
+
+async def test_same_batch_twice_changes_nothing(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    valid = reports([0, 1, 2])
+    first = await ingest(store, "b1", valid, rejected={UNDECRYPTABLE: 1})
+    before = await store.snapshot("c1", CELLS)
+    again = await ingest(store, "b1", valid, rejected={UNDECRYPTABLE: 1})
+    assert not first.duplicate_batch and again.duplicate_batch
+    assert again.counted == 0
+    assert await store.snapshot("c1", CELLS) == before
+
+
+async def test_reused_batch_id_with_other_content_conflicts(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    await ingest(store, "b1", reports([0]), digest=b"first")
+    with pytest.raises(BatchConflict):
+        await ingest(store, "b1", reports([1]), digest=b"second")
+    assert (await store.snapshot("c1", CELLS)).counts == [1, 0, 0]
+
+
+async def test_duplicate_report_ids_counted_once(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    await store.create_campaign(campaign("c2"))
+    shared = reports([1, 2])
+    inside = (os.urandom(16), bytes([0]))
+    out = await ingest(store, "b1", [*shared, inside, (inside[0], bytes([2]))])
+    assert out.counted == 3 and out.rejected == {DUP: 1}
+    out = await ingest(store, "b2", [*shared, *reports([0])])
+    assert out.counted == 1 and out.rejected == {DUP: 2}
+    # Report ids are per campaign: the same ids in another campaign count.
+    out = await ingest(store, "b3", shared, campaign_id="c2")
+    assert out.counted == 2 and out.rejected == {}
+    snap = await store.snapshot("c1", CELLS)
+    assert snap.counts == [2, 1, 1]  # the first payload of a repeated id wins
+    assert snap.n == 4
+    assert snap.rejected == {DUP: 3}
+
+
+async def test_smallest_batch_is_the_smallest_counted_shuffle(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    await ingest(store, "b1", reports([0] * 50))
+    await ingest(store, "b2", reports([1] * 30), rejected={UNDECRYPTABLE: 5})
+    await ingest(store, "b3", [], rejected={UNDECRYPTABLE: 4})  # counted nothing: hides nobody
+    await ingest(store, "b4", reports([2] * 40))
+    snap = await store.snapshot("c1", CELLS)
+    assert snap.smallest_batch == 30
+    assert snap.batches == 4
+    assert snap.n == 120
+
+
+async def test_failed_count_rolls_back_everything(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    valid = reports([0, 1])
+
+    def broken(payloads: Sequence[bytes]) -> np.ndarray:
+        raise RuntimeError("tally failed")
+
+    with pytest.raises(RuntimeError):
+        await store.ingest(
+            batch_id="b1",
+            campaign_id="c1",
+            digest=b"d",
+            batch_size=3,
+            valid_reports=valid,
+            rejected={UNDECRYPTABLE: 1},
+            count_cells=broken,
+            cells=CELLS,
+        )
+    assert await store.find_batch("b1") is None
+    snap = await store.snapshot("c1", CELLS)
+    assert (snap.n, snap.rejected, snap.batches) == (0, {}, 0)
+    # The report ids were not burnt: a retry counts them.
+    out = await ingest(store, "b1", valid)
+    assert out.counted == 2 and out.rejected == {}
+
+
+async def test_state_survives_reopen(open_store: StoreOpener) -> None:
+    first = await open_store()
+    await first.create_campaign(campaign())
+    valid = reports([2, 2, 1])
+    await ingest(first, "b1", valid, rejected={UNDECRYPTABLE: 1})
+    await first.close()
+    second = await open_store()
+    snap = await second.snapshot("c1", CELLS)
+    assert (snap.counts, snap.n, snap.rejected, snap.batches) == ([0, 1, 2], 3, {UNDECRYPTABLE: 1}, 1)
+    assert (await ingest(second, "b1", valid)).duplicate_batch
+    assert (await ingest(second, "b2", valid)).rejected == {DUP: 3}
+
+
+async def test_concurrent_ingests_all_counted(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    outs = await asyncio.gather(*(ingest(store, f"b{i}", reports([i % CELLS] * 100)) for i in range(12)))
+    assert sum(o.counted for o in outs) == 1200
+    snap = await store.snapshot("c1", CELLS)
+    assert snap.counts == [400, 400, 400] and snap.n == 1200 and snap.batches == 12
+
+
+async def test_large_batch_is_fast(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign())
+    valid = [(os.urandom(16), bytes([i % CELLS])) for i in range(50_000)]
+    started = time.perf_counter()
+    out = await ingest(store, "big", valid)
+    elapsed = time.perf_counter() - started
+    assert out.counted == 50_000
+    assert elapsed < 5.0, f"50k-report ingest took {elapsed:.2f} s"
+    started = time.perf_counter()
+    again = await ingest(store, "big-again", valid[:25_000] + reports([0] * 25_000))
+    assert again.counted == 25_000 and again.rejected == {DUP: 25_000}
+    assert time.perf_counter() - started < 5.0
+
+
+async def test_closed_store_refuses_work(open_store: StoreOpener) -> None:
+    store = await open_store()
+    await store.close()
+    with pytest.raises(Exception):  # noqa: B017 (any error, but never a silent success)
+        await store.get_campaign("c1")
+    await store.close()  # idempotent
