@@ -1,0 +1,250 @@
+"""Forwarding of permuted batches to the aggregator, and the background loop that drives batching.
+
+A batch is deleted only after the aggregator acknowledged it (OK, possibly as a duplicate); a failed
+batch is kept and re-sent later with the same batch id, after a jittered exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import grpc
+
+from deniable.core.rng import Csprng, default_rng
+from deniable.shuffler.batcher import Batcher
+from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.spool import BatchRecord, CampaignSpoolStats, SpoolStore
+from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    from deniable.v1.deniable_pb2_grpc import AggregatorAsyncStub
+
+log = logging.getLogger("deniable.shuffler.forwarder")
+
+_BATCH_SPECIFIC_CODES: Final = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.ALREADY_EXISTS,
+    }
+)
+"""Failures that concern one batch: the others are still tried. Any other code pauses all forwarding."""
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    """Batches and reports acknowledged by the aggregator in one pass, and failed attempts."""
+
+    batches: int = 0
+    reports: int = 0
+    failures: int = 0
+
+
+class Backoff:
+    """Exponential backoff with "equal jitter": a delay in [cap/2, cap), the jitter from the CSPRNG."""
+
+    def __init__(
+        self,
+        base_s: float,
+        max_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Csprng | None = None,
+    ) -> None:
+        """Delays start at ``base_s`` and double per consecutive failure up to ``max_s``."""
+        self._base_s = base_s
+        self._max_s = max_s
+        self._clock = clock
+        self._rng = rng or default_rng()
+        self.failures = 0
+        self.not_before = -float("inf")
+
+    def ready(self) -> bool:
+        """Whether the next attempt may be made now."""
+        return self._clock() >= self.not_before
+
+    def failed(self) -> float:
+        """Record a failure; return the delay before the next attempt."""
+        self.failures += 1
+        cap = min(self._max_s, self._base_s * 2 ** min(self.failures - 1, 62))
+        half_ms = max(1, int(cap * 500))
+        delay = (half_ms + self._rng.randbelow(half_ms)) / 1000
+        self.not_before = self._clock() + delay
+        return delay
+
+    def succeeded(self) -> None:
+        """Reset after a success."""
+        self.failures = 0
+        self.not_before = -float("inf")
+
+
+def shuffled_batch(record: BatchRecord) -> pb.ShuffledBatch:
+    """The wire form of a batch: id, campaign, reports in the stored permuted order, digest."""
+    message = pb.ShuffledBatch(batch_id=record.batch_id, campaign_id=record.campaign_id, digest=record.digest)
+    for report in record.reports:
+        message.reports.add(
+            campaign_id=report.campaign_id, key_id=report.key_id, ciphertext=report.ciphertext
+        )
+    return message
+
+
+class Forwarder:
+    """Sends unacknowledged batches, oldest first, and deletes each once acknowledged."""
+
+    def __init__(
+        self,
+        store: SpoolStore,
+        upstream: AggregatorAsyncStub,
+        metrics: ShufflerMetrics,
+        *,
+        deadline_s: float = 30.0,
+        retry_base_s: float = 0.5,
+        retry_max_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``deadline_s`` bounds one IngestBatch call; retries back off from ``retry_base_s``."""
+        self._store = store
+        self._upstream = upstream
+        self._metrics = metrics
+        self._deadline_s = deadline_s
+        self._retry_base_s = retry_base_s
+        self._retry_max_s = retry_max_s
+        self._clock = clock
+        self._upstream_backoff = self._new_backoff()
+        self._batch_backoff: dict[str, Backoff] = {}
+
+    def _new_backoff(self) -> Backoff:
+        return Backoff(self._retry_base_s, self._retry_max_s, self._clock)
+
+    async def forward(self, campaign_id: str = "", *, force: bool = False) -> ForwardResult:
+        """Try every unacknowledged batch (of ``campaign_id`` if given) whose backoff has expired.
+
+        ``force`` (operator flush) ignores backoff. Stops at the first failure that is not specific
+        to one batch, since the aggregator is then most likely unreachable.
+        """
+        if not force and not self._upstream_backoff.ready():
+            return ForwardResult()
+        batches = reports = failures = 0
+        batch_ids = await asyncio.to_thread(self._store.batch_ids, campaign_id or None)
+        for stale in set(self._batch_backoff) - set(batch_ids):
+            if not campaign_id:
+                del self._batch_backoff[stale]
+        for batch_id in batch_ids:
+            own = self._batch_backoff.get(batch_id)
+            if own is not None and not force and not own.ready():
+                continue
+            record = await asyncio.to_thread(self._store.load_batch, batch_id)
+            if record is None:
+                continue
+            code = await self._send(record)
+            if code is None:
+                await asyncio.to_thread(self._store.delete_batch, batch_id)
+                self._batch_backoff.pop(batch_id, None)
+                self._upstream_backoff.succeeded()
+                self._metrics.batches_forwarded.inc()
+                self._metrics.reports_forwarded.inc(len(record.reports))
+                batches += 1
+                reports += len(record.reports)
+                continue
+            failures += 1
+            self._metrics.forward_failures.inc()
+            if code in _BATCH_SPECIFIC_CODES:
+                delay = self._batch_backoff.setdefault(batch_id, self._new_backoff()).failed()
+                log.error(
+                    "aggregator refused a batch; kept, retried later",
+                    extra={"batch_id": batch_id, "code": code.name, "retry_in_s": round(delay, 3)},
+                )
+                continue
+            delay = self._upstream_backoff.failed()
+            log.warning(
+                "forwarding failed; batches kept, retried later",
+                extra={"code": code.name, "retry_in_s": round(delay, 3)},
+            )
+            break
+        return ForwardResult(batches, reports, failures)
+
+    async def _send(self, record: BatchRecord) -> grpc.StatusCode | None:
+        """None if the aggregator acknowledged the batch, else the failure's status code."""
+        try:
+            response: pb.IngestBatchResponse = await self._upstream.IngestBatch(
+                shuffled_batch(record), timeout=self._deadline_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        if response.batch_id and response.batch_id != record.batch_id:
+            log.error("aggregator acknowledged another batch id", extra={"batch_id": record.batch_id})
+            return grpc.StatusCode.UNKNOWN
+        return None
+
+
+class Pipeline:
+    """Batcher then forwarder: every ``interval_s`` in the background, or at once on an operator flush."""
+
+    def __init__(
+        self,
+        store: SpoolStore,
+        batcher: Batcher,
+        forwarder: Forwarder,
+        metrics: ShufflerMetrics,
+        interval_s: float = 0.5,
+    ) -> None:
+        """Nothing runs until ``start``."""
+        self._store = store
+        self._batcher = batcher
+        self._forwarder = forwarder
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    async def tick(self) -> None:
+        """One background round: batch what the policy allows, forward what backoff allows."""
+        async with self._lock:
+            await self._batcher.run_once()
+            await self._forwarder.forward()
+            await self._update_gauges()
+
+    async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
+        """Batch now (below n_min only with the override) and forward now, ignoring backoff."""
+        async with self._lock:
+            await self._batcher.run_once(campaign_id=campaign_id, flush=True, below_n_min=below_n_min)
+            result = await self._forwarder.forward(campaign_id, force=True)
+            stats = await self._update_gauges()
+        held = sum(s.pending + s.in_flight for s in stats if not campaign_id or s.campaign_id == campaign_id)
+        return pb.FlushResponse(
+            batches_forwarded=result.batches, reports_forwarded=result.reports, reports_held=held
+        )
+
+    async def _update_gauges(self) -> list[CampaignSpoolStats]:
+        stats = await asyncio.to_thread(self._store.stats)
+        self._metrics.pending.set(sum(s.pending for s in stats))
+        self._metrics.in_flight.set(sum(s.in_flight for s in stats))
+        return stats
+
+    def start(self) -> None:
+        """Start the background loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="deniable-shuffler-pipeline")
+
+    async def stop(self) -> None:
+        """Stop the background loop; a round in progress is cancelled (everything in it is durable)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("batching/forwarding round failed; retrying next tick")
+            await asyncio.sleep(self._interval_s)

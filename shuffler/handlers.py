@@ -1,0 +1,149 @@
+"""The shuffler's request handlers: protobuf in, protobuf out, domain errors; no gRPC context.
+
+Only the envelope is checked (campaign, key id, ciphertext length, window): the shuffler never
+decrypts. Accepted reports are spooled in one durable transaction before the response exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Final
+
+from deniable.shuffler.batcher import Batcher
+from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
+from deniable.shuffler.errors import InvalidRequest, NotFound, ShufflerError, Unavailable
+from deniable.shuffler.forwarder import Pipeline
+from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.spool import Envelope, SpoolStore
+from deniable.v1 import deniable_pb2 as pb
+
+__all__ = ["InvalidRequest", "NotFound", "ShufflerError", "ShufflerHandlers", "Unavailable"]
+
+DEFAULT_MAX_REPORTS_PER_REQUEST: Final = 10_000
+MAX_CAMPAIGNS_PER_REQUEST: Final = 256
+"""Bounds the campaign look-ups one request can cause."""
+
+
+def _campaign_label(campaign_id: str) -> str:
+    """The id for a rejection detail, only when it has the contract's shape (never echo junk)."""
+    return repr(campaign_id) if valid_campaign_id(campaign_id) else "(malformed id)"
+
+
+def check_envelope(
+    report: pb.EncryptedReport, campaign: pb.Campaign | None, now_unix: float
+) -> tuple[pb.RejectReason.ValueType, str] | None:
+    """Why the envelope is refused (reason, detail), or None to accept it."""
+    if campaign is None:
+        return pb.UNKNOWN_CAMPAIGN, f"campaign {_campaign_label(report.campaign_id)} is not known"
+    if report.key_id != campaign.key_id:
+        return pb.UNKNOWN_KEY_ID, f"key id {report.key_id} is not the campaign's key id {campaign.key_id}"
+    if len(report.ciphertext) != campaign.ciphertext_length:
+        return (
+            pb.WRONG_CIPHERTEXT_LENGTH,
+            f"ciphertext is {len(report.ciphertext)} bytes, the campaign's is {campaign.ciphertext_length}",
+        )
+    if campaign.window_end_unix and now_unix >= campaign.window_end_unix:
+        return pb.CAMPAIGN_CLOSED, "the campaign's collection window has ended"
+    return None
+
+
+class ShufflerHandlers:
+    """Submit, flush, campaign relay and stats, over a spool store, a directory and the pipeline."""
+
+    def __init__(
+        self,
+        store: SpoolStore,
+        directory: CampaignDirectory,
+        batcher: Batcher,
+        pipeline: Pipeline,
+        metrics: ShufflerMetrics,
+        *,
+        max_reports_per_request: int = DEFAULT_MAX_REPORTS_PER_REQUEST,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``wall_clock`` (Unix seconds) decides whether a campaign window has ended."""
+        self.store = store
+        self.directory = directory
+        self._batcher = batcher
+        self._pipeline = pipeline
+        self._metrics = metrics
+        self._max_reports = max_reports_per_request
+        self._wall_clock = wall_clock
+
+    async def submit(self, request: pb.SubmitReportsRequest) -> pb.SubmitReportsResponse:
+        """Validate every envelope, spool the accepted ones durably, list the rejected ones."""
+        reports = request.reports
+        if not reports:
+            raise InvalidRequest("the request holds no reports")
+        if len(reports) > self._max_reports:
+            raise InvalidRequest(f"{len(reports)} reports in one request; at most {self._max_reports}")
+        campaign_ids = {r.campaign_id for r in reports}
+        if len(campaign_ids) > MAX_CAMPAIGNS_PER_REQUEST:
+            raise InvalidRequest(
+                f"{len(campaign_ids)} campaigns in one request; at most {MAX_CAMPAIGNS_PER_REQUEST}"
+            )
+        campaigns = await self._resolve(campaign_ids)
+        # A key id the cached campaign does not know may mean a rotation: refresh (rate-limited) once.
+        rotated = {
+            r.campaign_id
+            for r in reports
+            if (c := campaigns[r.campaign_id]) is not None and r.key_id != c.key_id
+        }
+        for campaign_id in rotated:
+            campaigns[campaign_id] = await self.directory.refresh(campaign_id)
+        now = self._wall_clock()
+        accepted: list[Envelope] = []
+        response = pb.SubmitReportsResponse()
+        for index, report in enumerate(reports):
+            verdict = check_envelope(report, campaigns[report.campaign_id], now)
+            if verdict is None:
+                accepted.append(Envelope(report.campaign_id, report.key_id, report.ciphertext))
+            else:
+                response.rejected.add(index=index, reason=verdict[0], detail=verdict[1])
+        await asyncio.to_thread(self.store.append, accepted)
+        for campaign_id in {e.campaign_id for e in accepted}:
+            self._batcher.note_arrival(campaign_id)
+        response.accepted = len(accepted)
+        self._metrics.reports_accepted.inc(len(accepted))
+        for reason, count in Counter(r.reason for r in response.rejected).items():
+            self._metrics.reports_rejected.labels(reason=pb.RejectReason.Name(reason)).inc(count)
+        return response
+
+    async def _resolve(self, campaign_ids: set[str]) -> dict[str, pb.Campaign | None]:
+        """Look every distinct campaign up; Unavailable if any cannot be decided."""
+        ids = sorted(campaign_ids)
+        found = await asyncio.gather(*(self.directory.get(c) for c in ids), return_exceptions=True)
+        result: dict[str, pb.Campaign | None] = {}
+        for campaign_id, outcome in zip(ids, found, strict=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            result[campaign_id] = outcome
+        return result
+
+    async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
+        """Batch and forward now; below n_min only with the operator override."""
+        return await self._pipeline.flush(campaign_id, below_n_min)
+
+    async def get_campaign(self, campaign_id: str) -> pb.Campaign:
+        """Relay one campaign (cached or from the aggregator); NotFound if it does not exist."""
+        campaign = await self.directory.get(campaign_id)
+        if campaign is None:
+            raise NotFound(f"campaign {_campaign_label(campaign_id)} does not exist")
+        return campaign
+
+    async def list_campaigns(self) -> pb.ListCampaignsResponse:
+        """Relay the aggregator's campaigns (the cached ones while it is unreachable)."""
+        return await self.directory.list()
+
+    async def stats(self) -> pb.ShufflerStatsResponse:
+        """Pending and in-flight report counts per campaign."""
+        stats = await asyncio.to_thread(self.store.stats)
+        return pb.ShufflerStatsResponse(
+            campaigns=[
+                pb.CampaignSpool(campaign_id=s.campaign_id, pending=s.pending, in_flight=s.in_flight)
+                for s in stats
+            ]
+        )

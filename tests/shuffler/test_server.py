@@ -1,0 +1,182 @@
+"""Server lifecycle, configuration errors, campaign relay, metrics, exports and the import boundary."""
+
+from __future__ import annotations
+
+import ast
+import runpy
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from deniable.core.errors import ConfigurationError
+from deniable.shuffler.server import ShufflerConfig, start_shuffler
+from deniable.v1 import deniable_pb2 as pb
+
+SHUFFLER_DIR = Path(__file__).resolve().parents[2] / "shuffler"
+FORBIDDEN = (
+    "deniable.core.mechanisms",
+    "deniable.core.crypto",
+    "deniable.core.campaigns",
+    "deniable.core.wire",
+    "deniable.core.accounting",
+    "deniable.aggregator",
+    "deniable.client",
+    "cryptography.hazmat.primitives.hpke",
+)
+
+
+async def test_port_taken_is_a_configuration_error(tmp_path: Path, upstream, start) -> None:
+    first = await start()
+    with pytest.raises(ConfigurationError) as taken:
+        await start_shuffler(
+            ShufflerConfig(data_dir=tmp_path / "other", upstream=upstream.address, listen=first.address)
+        )
+    assert "\n" not in str(taken.value)
+    # The failed start released its spool: the directory can be used again at once.
+    again = await start_shuffler(
+        ShufflerConfig(data_dir=tmp_path / "other", upstream=upstream.address, listen="127.0.0.1:0")
+    )
+    await again.stop()
+
+
+async def test_unusable_data_dir_is_a_configuration_error(tmp_path: Path, upstream) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigurationError) as bad:
+        await start_shuffler(
+            ShufflerConfig(data_dir=blocker / "spool", upstream=upstream.address, listen="127.0.0.1:0")
+        )
+    assert "\n" not in str(bad.value)
+
+
+async def test_address_and_stop_twice(start) -> None:
+    shuffler = await start()
+    assert shuffler.address == f"127.0.0.1:{shuffler.port}"
+    await shuffler.stop()
+    await shuffler.stop()
+
+
+async def test_relays_get_campaign_and_list_campaigns(
+    upstream, start, channel_to, kit: SimpleNamespace
+) -> None:
+    a = upstream.fake.add(kit.make_campaign("a"))
+    b = upstream.fake.add(kit.make_campaign("b", n_min=9))
+    stub = channel_to(await start())
+    assert await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="a")) == a
+    listed = await stub.ListCampaigns(pb.ListCampaignsRequest())
+    assert list(listed.campaigns) == [a, b]
+    for missing in ("nope", "Not A Valid Id!"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetCampaign(pb.GetCampaignRequest(campaign_id=missing))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_list_falls_back_to_the_cache_when_upstream_is_down(
+    upstream, start, channel_to, kit: SimpleNamespace
+) -> None:
+    a = upstream.fake.add(kit.make_campaign("a"))
+    b = upstream.fake.add(kit.make_campaign("b"))
+    stub = channel_to(await start())
+    await stub.ListCampaigns(pb.ListCampaignsRequest())
+    upstream.fake.fail_campaign_calls = True
+    assert list((await stub.ListCampaigns(pb.ListCampaignsRequest())).campaigns) == [a, b]
+    assert await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="b")) == b
+
+
+async def test_list_with_upstream_down_and_empty_cache_is_unavailable(upstream, start, channel_to) -> None:
+    upstream.fake.fail_campaign_calls = True
+    stub = channel_to(await start())
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.ListCampaigns(pb.ListCampaignsRequest())
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_stats_rpc(upstream, start, channel_to, kit: SimpleNamespace) -> None:
+    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=50))
+    stub = channel_to(await start(quiet_s=3600.0))
+    await stub.SubmitReports(pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 4)))
+    stats = await stub.Stats(pb.ShufflerStatsRequest())
+    assert [(c.campaign_id, c.pending, c.in_flight) for c in stats.campaigns] == [("c1", 4, 0)]
+
+
+async def test_metrics_endpoint(upstream, start, kit: SimpleNamespace) -> None:
+    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=2))
+    shuffler = await start(metrics_port=0, quiet_s=3600.0)
+    await shuffler.handlers.submit(pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 2)))
+    await shuffler.flush()
+    assert shuffler.metrics_port
+    url = f"http://127.0.0.1:{shuffler.metrics_port}/metrics"
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    for line in (
+        "deniable_shuffler_reports_accepted_total 2.0",
+        "deniable_shuffler_batches_forwarded_total 1.0",
+        "deniable_shuffler_pending_reports 0.0",
+        "deniable_shuffler_forward_failures_total 0.0",
+    ):
+        assert line in body
+
+
+def test_package_exports() -> None:
+    exported = runpy.run_path(str(SHUFFLER_DIR / "__init__.py"))
+    assert set(exported["__all__"]) == {
+        "ShufflerConfig",
+        "start_shuffler",
+        "serve_shuffler",
+        "RunningShuffler",
+    }
+    assert all(name in exported for name in exported["__all__"])
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_shuffler_source_never_imports_decryption_or_other_services() -> None:
+    sources = sorted(SHUFFLER_DIR.glob("*.py"))
+    assert len(sources) >= 9
+    for path in sources:
+        for name in _imported_modules(path):
+            assert not any(name == f or name.startswith(f + ".") for f in FORBIDDEN), (path.name, name)
+            if name.startswith("deniable."):
+                allowed = (
+                    "deniable.core.rng",
+                    "deniable.core.batches",
+                    "deniable.core.service",
+                    "deniable.core.sqlite",
+                    "deniable.core.errors",
+                    "deniable.core.logs",
+                    "deniable.core",
+                    "deniable.v1",
+                    "deniable.shuffler",
+                )
+                assert any(name == a or name.startswith(a + ".") for a in allowed), (path.name, name)
+        text = path.read_text()
+        assert "peer(" not in text.replace("``context.peer()``", ""), path.name
+        assert "invocation_metadata" not in text, path.name
+
+
+def test_importing_the_shuffler_loads_nothing_forbidden() -> None:
+    program = (
+        "import sys, runpy\n"
+        "import deniable.shuffler.server, deniable.shuffler.handlers, deniable.shuffler.forwarder\n"
+        f"runpy.run_path({str(SHUFFLER_DIR / '__init__.py')!r})\n"
+        f"forbidden = {FORBIDDEN!r}\n"
+        "bad = sorted(m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in forbidden))\n"
+        "print(','.join(bad))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == ""
