@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
@@ -50,8 +51,27 @@ def add_health(server: grpc.aio.Server, *service_names: str) -> health.HealthSer
     return servicer
 
 
+def _probe(address: str) -> None:
+    """Try the address with a plain socket first, so a taken port is one clear line, not a C-core log."""
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - only a probe of what the operator asked for
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigurationError(f"cannot listen on {address}: expected host:port") from None
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, port))
+    except OSError as exc:
+        raise ConfigurationError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+
+
 def bind(server: grpc.aio.Server, address: str) -> int:
     """Bind an insecure port; ConfigurationError with one line if it cannot be had."""
+    _probe(address)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:

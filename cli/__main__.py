@@ -1,0 +1,7 @@
+"""``python -m deniable.cli``."""
+
+import sys
+
+from deniable.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,327 @@
+"""The ``deniable`` command: one entry point, one subcommand per job.
+
+Errors reach the user as one line on stderr: exit 2 for configuration and usage errors, 1 for a
+failed remote call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from deniable.core.errors import ConfigurationError
+from deniable.v1 import deniable_pb2 as pb
+
+DEFAULT_AGGREGATOR = "127.0.0.1:7700"
+DEFAULT_SHUFFLER = "127.0.0.1:7701"
+T = TypeVar("T")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """All subcommands and their options."""
+    parser = argparse.ArgumentParser(
+        prog="deniable", description="Private telemetry in the shuffle model of DP."
+    )
+    parser.add_argument("--log-level", default="warning", help="service log level (default: warning)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the whole pipeline on loopback with simulated devices")
+    demo.add_argument(
+        "--devices", type=_positive_int, default=20_000, help="simulated devices (default 20000)"
+    )
+    demo.add_argument("--epsilon0", type=_positive_float, default=2.0, help="local epsilon (default 2.0)")
+    demo.add_argument("--mechanism", default=None, help="randomiser for the histogram campaign (default grr)")
+    demo.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    demo.add_argument("--plot", type=Path, default=None, help="write a PNG of estimates against the truth")
+    demo.add_argument(
+        "--workdir", type=Path, default=None, help="keep the services' data here (default: temp)"
+    )
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    aggregator = sub.add_parser("aggregator", help="the aggregator service").add_subparsers(
+        dest="action", required=True
+    )
+    agg_serve = aggregator.add_parser("serve", help="run the aggregator until SIGTERM")
+    agg_serve.add_argument("--listen", default=DEFAULT_AGGREGATOR)
+    agg_serve.add_argument("--data-dir", type=Path, required=True)
+    agg_serve.add_argument("--decrypt-workers", type=int, default=0, help="decryption processes (0: threads)")
+    agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+
+    shuffler = sub.add_parser("shuffler", help="the shuffler service").add_subparsers(
+        dest="action", required=True
+    )
+    shuf_serve = shuffler.add_parser("serve", help="run the shuffler until SIGTERM")
+    shuf_serve.add_argument("--listen", default=DEFAULT_SHUFFLER)
+    shuf_serve.add_argument("--data-dir", type=Path, required=True)
+    shuf_serve.add_argument("--upstream", default=DEFAULT_AGGREGATOR, help="aggregator address")
+    shuf_serve.add_argument("--metrics-port", type=int, default=None)
+    flush = shuffler.add_parser("flush", help="forward spooled reports now")
+    flush.add_argument("--shuffler", default=DEFAULT_SHUFFLER)
+    flush.add_argument("--campaign", default="", help="only this campaign (default: all)")
+    flush.add_argument("--below-n-min", action="store_true", help="also forward batches smaller than n_min")
+
+    campaign = sub.add_parser("campaign", help="create and list campaigns").add_subparsers(
+        dest="action", required=True
+    )
+    create = campaign.add_parser("create", help="create a campaign at the aggregator")
+    create.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    create.add_argument("--id", required=True)
+    create.add_argument("--question", required=True)
+    create.add_argument("--kind", choices=["binary", "categorical"], required=True)
+    create.add_argument("--labels", default="", help="comma-separated category labels (categorical)")
+    create.add_argument("--mechanism", default=None, help="binary_rr or grr (default by kind)")
+    create.add_argument("--epsilon0", type=_positive_float, required=True)
+    create.add_argument("--delta", type=float, default=1e-6)
+    create.add_argument("--n-min", type=_positive_int, default=1000)
+    create.add_argument(
+        "--budget", type=float, default=0.0, help="per-device epsilon budget (default epsilon0)"
+    )
+    create.add_argument("--json", action="store_true")
+    listing = campaign.add_parser("list", help="list campaigns")
+    listing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    listing.add_argument("--json", action="store_true")
+
+    query = sub.add_parser("query", help="ask the aggregator").add_subparsers(dest="action", required=True)
+    for name, text in (("binary-sum", "estimated number of yes answers"), ("histogram", "estimated counts")):
+        q = query.add_parser(name, help=text)
+        q.add_argument("campaign")
+        q.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+        q.add_argument("--confidence", type=float, default=0.95)
+        q.add_argument("--json", action="store_true")
+
+    keys = sub.add_parser("keys", help="aggregator keys").add_subparsers(dest="action", required=True)
+    show = keys.add_parser("show", help="show public keys and ids")
+    show.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    show.add_argument("--data-dir", type=Path, default=None, help="read the keyring on disk instead")
+    show.add_argument("--json", action="store_true")
+
+    privacy = sub.add_parser("privacy", help="mechanisms and accounting").add_subparsers(
+        dest="action", required=True
+    )
+    privacy.add_parser("mechanisms", help="list the randomisers")
+    return parser
+
+
+async def _call(address: str, call: Callable[[Any], Awaitable[T]], service: str = "aggregator") -> T:
+    """Open a channel, make one call, close."""
+    from deniable.core.service import insecure_channel
+    from deniable.v1 import deniable_pb2_grpc as pb_grpc
+
+    channel = insecure_channel(address)
+    try:
+        stub: Any = (
+            pb_grpc.AggregatorStub(channel) if service == "aggregator" else pb_grpc.ShufflerStub(channel)
+        )
+        return await call(stub)
+    finally:
+        await channel.close()
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "question": c.question,
+        "kind": pb.DomainKind.Name(c.kind).lower(),  # type: ignore[arg-type]
+        "labels": list(c.labels),
+        "mechanism": pb.Mechanism.Name(c.mechanism).lower(),  # type: ignore[arg-type]
+        "epsilon0": c.epsilon0,
+        "delta": c.delta,
+        "n_min": c.n_min,
+        "key_id": c.key_id,
+        "ciphertext_length": c.ciphertext_length,
+        "device_budget_epsilon": c.device_budget_epsilon,
+    }
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deniable.cli.render import answer_json, answer_table, privacy_line
+
+    if args.command == "demo":
+        from deniable.cli.demo import run_demo
+
+        run_demo(
+            args.devices,
+            args.epsilon0,
+            args.json,
+            args.plot,
+            args.mechanism,
+            args.workdir,
+            progress=not args.no_progress,
+        )
+        return 0
+    if args.command == "aggregator":
+        from deniable.aggregator import AggregatorConfig, serve_aggregator
+
+        asyncio.run(
+            serve_aggregator(
+                AggregatorConfig(
+                    data_dir=args.data_dir,
+                    listen=args.listen,
+                    decrypt_workers=args.decrypt_workers,
+                    metrics_port=args.metrics_port,
+                )
+            )
+        )
+        return 0
+    if args.command == "shuffler" and args.action == "serve":
+        from deniable.shuffler import ShufflerConfig, serve_shuffler
+
+        asyncio.run(
+            serve_shuffler(
+                ShufflerConfig(
+                    data_dir=args.data_dir,
+                    upstream=args.upstream,
+                    listen=args.listen,
+                    metrics_port=args.metrics_port,
+                )
+            )
+        )
+        return 0
+    if args.command == "shuffler" and args.action == "flush":
+        request = pb.FlushRequest(campaign_id=args.campaign, below_n_min=args.below_n_min)
+        flushed: pb.FlushResponse = asyncio.run(
+            _call(args.shuffler, lambda s: s.Flush(request, timeout=300), "shuffler")
+        )
+        print(
+            f"forwarded {flushed.reports_forwarded} reports in {flushed.batches_forwarded} batches;"
+            f" {flushed.reports_held} held"
+        )
+        return 0
+    if args.command == "campaign" and args.action == "create":
+        kind = pb.BINARY if args.kind == "binary" else pb.CATEGORICAL
+        labels = [label.strip() for label in args.labels.split(",") if label.strip()]
+        mechanism = pb.Mechanism.Value(args.mechanism.upper()) if args.mechanism else pb.MECHANISM_UNSPECIFIED
+        create = pb.CreateCampaignRequest(
+            id=args.id,
+            question=args.question,
+            kind=kind,
+            labels=labels,
+            mechanism=mechanism,
+            epsilon0=args.epsilon0,
+            delta=args.delta,
+            n_min=args.n_min,
+            device_budget_epsilon=args.budget,
+        )
+        created: pb.Campaign = asyncio.run(
+            _call(args.aggregator, lambda s: s.CreateCampaign(create, timeout=30))
+        )
+        if args.json:
+            _print_json(_campaign_dict(created))
+        else:
+            print(
+                f"created {created.id}: {len(created.labels)} buckets, ε0 = {created.epsilon0:g},"
+                f" n_min = {created.n_min}, key {created.key_id}"
+            )
+        return 0
+    if args.command == "campaign" and args.action == "list":
+        listed: pb.ListCampaignsResponse = asyncio.run(
+            _call(args.aggregator, lambda s: s.ListCampaigns(pb.ListCampaignsRequest(), timeout=30))
+        )
+        if args.json:
+            _print_json([_campaign_dict(c) for c in listed.campaigns])
+        else:
+            for c in listed.campaigns:
+                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\tε0={c.epsilon0:g}\t{c.question}")  # type: ignore[arg-type]
+        return 0
+    if args.command == "query":
+        query = pb.QueryRequest(campaign_id=args.campaign, confidence=args.confidence)
+        binary = args.action == "binary-sum"
+        answer: pb.QueryResponse = asyncio.run(
+            _call(args.aggregator, lambda s: (s.BinarySum if binary else s.Histogram)(query, timeout=60))
+        )
+        if args.json:
+            _print_json(answer_json(answer))
+        else:
+            if binary and len(answer.buckets) == 2:
+                yes = answer.buckets[1]
+                print(
+                    f"estimated yes answers: {yes.estimate:.1f} ± {yes.std_error:.1f}"
+                    f" ({answer.confidence * 100:g}% CI [{yes.ci_low:.1f}, {yes.ci_high:.1f}])"
+                    f" of n = {answer.n}"
+                )
+            print(answer_table(answer))
+            print("privacy: " + privacy_line(answer.privacy))
+        return 0
+    if args.command == "keys":
+        if args.data_dir is not None:
+            from deniable.aggregator.keys import Keyring
+
+            infos = Keyring.load_or_create(args.data_dir, create=False).infos()
+        else:
+            keys: pb.ListKeysResponse = asyncio.run(
+                _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30))
+            )
+            infos = list(keys.keys)
+        rows = [
+            {"key_id": k.key_id, "public_key": k.public_key.hex(), "suite": k.hpke_suite, "active": k.active}
+            for k in infos
+        ]
+        if args.json:
+            _print_json(rows)
+        else:
+            for row in rows:
+                print(
+                    f"{row['key_id']}\t{'active' if row['active'] else 'retired'}"
+                    f"\t{row['suite']}\t{row['public_key']}"
+                )
+        return 0
+    if args.command == "privacy" and args.action == "mechanisms":
+        from deniable.core import mechanisms
+
+        for name, summary in mechanisms.summaries().items():
+            print(f"{name:12} {summary}")
+        return 0
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run, and turn known failures into one-line errors."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from deniable.core.logs import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        return _run(args)
+    except ConfigurationError as exc:
+        print(f"deniable: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"deniable: {exc}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else None
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        print(f"deniable: {getattr(code, 'name', 'error')}: {details}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Turning query answers into what people read: tables, JSON rows and a plot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from deniable.v1 import deniable_pb2 as pb
+
+
+def mechanism_name(value: int) -> str:
+    """Lower-case wire name of a mechanism enum value."""
+    return pb.Mechanism.Name(value).lower()  # type: ignore[arg-type]
+
+
+def privacy_line(privacy: pb.PrivacyStatement) -> str:
+    """One sentence stating the guarantee that holds."""
+    local = f"local ε0 = {privacy.epsilon0:g} per report"
+    if privacy.amplified:
+        central = (
+            f"central (ε, δ) = ({privacy.central_epsilon:.4g}, {privacy.delta:.3g}) after shuffling"
+            f" (smallest batch {privacy.smallest_batch}; {privacy.analysis})"
+        )
+    else:
+        central = f"no amplification claimed: central ε = ε0 = {privacy.central_epsilon:g}"
+        if privacy.note:
+            central += f" ({privacy.note})"
+    return f"{local}; {central}"
+
+
+def answer_rows(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """Bucket rows as the demo JSON and ``query --json`` emit them."""
+    rows: list[dict[str, Any]] = []
+    for index, bucket in enumerate(answer.buckets):
+        row: dict[str, Any] = {"label": bucket.label}
+        if truth is not None:
+            row["true_count"] = int(truth[index])
+        row.update(
+            raw_count=int(bucket.raw_count),
+            estimate=bucket.estimate,
+            std_error=bucket.std_error,
+            ci_low=bucket.ci_low,
+            ci_high=bucket.ci_high,
+        )
+        rows.append(row)
+    return rows
+
+
+def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -> dict[str, Any]:
+    """A whole query answer as a JSON-ready dict."""
+    privacy = answer.privacy
+    return {
+        "id": answer.campaign_id,
+        "mechanism": mechanism_name(answer.mechanism),
+        "n": int(answer.n),
+        "rejected": int(answer.rejected),
+        "confidence": answer.confidence,
+        "epsilon0": privacy.epsilon0,
+        "central_epsilon": privacy.central_epsilon,
+        "delta": privacy.delta,
+        "analysis": privacy.analysis,
+        "amplified": privacy.amplified,
+        "buckets": answer_rows(answer, truth),
+    }
+
+
+def answer_table(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -> str:
+    """A fixed-width table: bucket, (true count,) estimate, std error, confidence interval."""
+    level = f"{answer.confidence * 100:g}% CI"
+    header = ["bucket", *(["true"] if truth is not None else []), "raw", "estimate", "std err", level]
+    lines = []
+    for index, bucket in enumerate(answer.buckets):
+        cells = [bucket.label]
+        if truth is not None:
+            inside = bucket.ci_low <= truth[index] <= bucket.ci_high
+            cells.append(f"{truth[index]}{'' if inside else ' *'}")
+        cells += [
+            str(bucket.raw_count),
+            f"{bucket.estimate:.1f}",
+            f"{bucket.std_error:.1f}",
+            f"[{bucket.ci_low:.1f}, {bucket.ci_high:.1f}]",
+        ]
+        lines.append(cells)
+    widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
+    out = [
+        "  ".join(
+            cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in [header, *lines]
+    ]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def plot_answers(answers: Sequence[tuple[str, pb.QueryResponse, Sequence[int]]], path: Path) -> None:
+    """PNG: per campaign, true counts as bars and estimates with their CIs as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(answers), figsize=(6 * len(answers), 4.5), squeeze=False)
+    for axis, (title, answer, truth) in zip(axes[0], answers, strict=True):
+        labels = [b.label for b in answer.buckets]
+        xs = list(range(len(labels)))
+        estimates = [b.estimate for b in answer.buckets]
+        lower = [b.estimate - b.ci_low for b in answer.buckets]
+        upper = [b.ci_high - b.estimate for b in answer.buckets]
+        axis.bar(xs, truth, color="#c9d6e8", label="true count")
+        axis.errorbar(
+            xs,
+            estimates,
+            yerr=[lower, upper],
+            fmt="o",
+            color="#b2182b",
+            capsize=4,
+            label=f"estimate, {answer.confidence * 100:g}% CI",
+        )
+        axis.set_xticks(xs, labels, rotation=30 if len(labels) > 4 else 0)
+        privacy = answer.privacy
+        axis.set_title(
+            f"{title}\nn = {answer.n}, ε0 = {privacy.epsilon0:g}, central ε = {privacy.central_epsilon:.3g},"
+            f" δ = {privacy.delta:.0e}",
+            fontsize=10,
+        )
+        axis.set_ylabel("reports")
+        top = max([*truth, *(b.ci_high for b in answer.buckets)])
+        axis.set_ylim(0, top * 1.15)
+        axis.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: make/use .venv, install the project and its dev
+# tools, run the static checks (ruff, mypy --strict, proto drift), then pytest.
+# Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  # shellcheck disable=SC1091
+  . .venv/bin/activate
+fi
+python -m pip install -q --disable-pip-version-check -e ".[dev]"
+scripts/check.sh
+python -m pytest "$@"

@@ -1,0 +1,178 @@
+"""The ``deniable`` command as a user runs it: demo output, serve subprocesses, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deniable.cli.main import main
+
+CLI = [sys.executable, "-m", "deniable.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"service exited early: {proc.stderr.read() if proc.stderr else ''}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listened on port {port}")
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """``deniable aggregator serve`` and ``deniable shuffler serve`` as real subprocesses."""
+    agg_port, shuf_port = _free_port(), _free_port()
+    agg = subprocess.Popen(
+        [
+            *CLI,
+            "aggregator",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "agg"),
+            "--listen",
+            f"127.0.0.1:{agg_port}",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    shuf = subprocess.Popen(
+        [
+            *CLI,
+            "shuffler",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "shuf"),
+            "--listen",
+            f"127.0.0.1:{shuf_port}",
+            "--upstream",
+            f"127.0.0.1:{agg_port}",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_listening(agg_port, agg)
+        _wait_listening(shuf_port, shuf)
+        yield f"127.0.0.1:{agg_port}", f"127.0.0.1:{shuf_port}"
+    finally:
+        for proc in (shuf, agg):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(timeout=30) for proc in (shuf, agg)]
+        assert codes == [0, 0], "services must exit 0 after SIGTERM (graceful shutdown)"
+
+
+def test_demo_json_has_the_documented_shape(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    plot = tmp_path / "plot.png"
+    assert main(["demo", "--devices", "1200", "--json", str(out), "--plot", str(plot), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    kinds = sorted(c["kind"] for c in report["campaigns"])
+    assert kinds == ["binary", "histogram"]
+    for campaign in report["campaigns"]:
+        for key in ("id", "kind", "mechanism", "epsilon0", "central_epsilon", "delta", "n", "buckets"):
+            assert key in campaign, key
+        assert campaign["n"] == 1200
+        assert sum(b["true_count"] for b in campaign["buckets"]) == 1200
+        for bucket in campaign["buckets"]:
+            for key in ("label", "true_count", "estimate", "std_error", "ci_low", "ci_high"):
+                assert key in bucket, key
+            assert bucket["ci_low"] <= bucket["estimate"] <= bucket["ci_high"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_operator_commands_against_served_processes(services: tuple[str, str]) -> None:
+    aggregator, shuffler = services
+    created = _run(
+        "campaign",
+        "create",
+        "--aggregator",
+        aggregator,
+        "--id",
+        "lang",
+        "--question",
+        "Language?",
+        "--kind",
+        "categorical",
+        "--labels",
+        "en,es,de",
+        "--epsilon0",
+        "1.5",
+        "--n-min",
+        "1",
+        "--json",
+    )
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["labels"] == ["en", "es", "de"]
+    listed = _run("campaign", "list", "--aggregator", aggregator, "--json")
+    assert [c["id"] for c in json.loads(listed.stdout)] == ["lang"]
+    flushed = _run("shuffler", "flush", "--shuffler", shuffler)
+    assert flushed.returncode == 0, flushed.stderr
+    answer = _run("query", "histogram", "lang", "--aggregator", aggregator, "--json")
+    assert answer.returncode == 0, answer.stderr
+    data = json.loads(answer.stdout)
+    assert data["n"] == 0 and [b["label"] for b in data["buckets"]] == ["en", "es", "de"]
+    missing = _run("query", "binary-sum", "nope", "--aggregator", aggregator)
+    assert missing.returncode == 1
+    assert "NOT_FOUND" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+    keys = _run("keys", "show", "--aggregator", aggregator, "--json")
+    assert keys.returncode == 0 and len(bytes.fromhex(json.loads(keys.stdout)[0]["public_key"])) == 32
+
+
+def test_port_taken_is_a_one_line_configuration_error(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = _run(
+            "aggregator", "serve", "--data-dir", str(tmp_path), "--listen", f"127.0.0.1:{port}", timeout=60
+        )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "configuration error" in lines[0], result.stderr
+
+
+def test_unusable_data_dir_is_a_configuration_error(tmp_path: Path) -> None:
+    """A data directory below a regular file cannot be created, even by root (CI runs as root)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    for service in ("aggregator", "shuffler"):
+        result = _run(
+            service, "serve", "--data-dir", str(blocker / "data"), "--listen", "127.0.0.1:0", timeout=60
+        )
+        assert result.returncode == 2, (service, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "configuration error" in lines[0], (service, result.stderr)
+
+
+def test_privacy_mechanisms_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["privacy", "mechanisms"]) == 0
+    out = capsys.readouterr().out
+    assert "binary_rr" in out and "grr" in out
+
+
+def test_bad_arguments_exit_with_usage() -> None:
+    result = _run("demo", "--devices", "0")
+    assert result.returncode == 2 and "positive" in result.stderr
