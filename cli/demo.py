@@ -46,7 +46,7 @@ class DemoCampaign:
     def true_counts(self) -> list[int]:
         """True number of devices per bucket."""
         cells = max(len(self.request.labels), 2)
-        return np.bincount(self.truth_values, minlength=cells).astype(int).tolist()
+        return [int(count) for count in np.bincount(self.truth_values, minlength=cells)]
 
 
 def exact_population(shares: Sequence[float], devices: int) -> np.ndarray:
@@ -91,13 +91,13 @@ def demo_campaigns(devices: int, epsilon0: float, mechanism: str | None, n_min: 
 
 
 async def _wait_counted(
-    stub: pb_grpc.AggregatorStub, campaign: DemoCampaign, timeout_s: float
+    stub: pb_grpc.AggregatorAsyncStub, campaign: DemoCampaign, timeout_s: float
 ) -> pb.QueryResponse:
     """Poll the aggregator until it has counted every acknowledged report (or time runs out)."""
     deadline = time.monotonic() + timeout_s
     rpc = stub.BinarySum if campaign.request.kind == pb.BINARY else stub.Histogram
     while True:
-        answer: pb.QueryResponse = await rpc(pb.QueryRequest(campaign_id=campaign.request.id), timeout=30)
+        answer = await rpc(pb.QueryRequest(campaign_id=campaign.request.id), timeout=30)
         if answer.n + answer.rejected >= campaign.acknowledged or time.monotonic() > deadline:
             return answer
         await asyncio.sleep(0.1)
@@ -222,4 +222,4 @@ def run_demo(
 
 def report_mechanism(answer: pb.QueryResponse) -> str:
     """Mechanism name for the table heading."""
-    return pb.Mechanism.Name(answer.mechanism).lower()  # type: ignore[arg-type]
+    return pb.Mechanism.Name(answer.mechanism).lower()

@@ -146,9 +146,9 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
     return {
         "id": c.id,
         "question": c.question,
-        "kind": pb.DomainKind.Name(c.kind).lower(),  # type: ignore[arg-type]
+        "kind": pb.DomainKind.Name(c.kind).lower(),
         "labels": list(c.labels),
-        "mechanism": pb.Mechanism.Name(c.mechanism).lower(),  # type: ignore[arg-type]
+        "mechanism": pb.Mechanism.Name(c.mechanism).lower(),
         "epsilon0": c.epsilon0,
         "delta": c.delta,
         "n_min": c.n_min,
@@ -246,7 +246,7 @@ def _run(args: argparse.Namespace) -> int:
             _print_json([_campaign_dict(c) for c in listed.campaigns])
         else:
             for c in listed.campaigns:
-                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\tε0={c.epsilon0:g}\t{c.question}")  # type: ignore[arg-type]
+                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\tε0={c.epsilon0:g}\t{c.question}")
         return 0
     if args.command == "query":
         query = pb.QueryRequest(campaign_id=args.campaign, confidence=args.confidence)

@@ -9,9 +9,9 @@ from typing import Any
 from deniable.v1 import deniable_pb2 as pb
 
 
-def mechanism_name(value: int) -> str:
+def mechanism_name(value: pb.Mechanism.ValueType) -> str:
     """Lower-case wire name of a mechanism enum value."""
-    return pb.Mechanism.Name(value).lower()  # type: ignore[arg-type]
+    return pb.Mechanism.Name(value).lower()
 
 
 def privacy_line(privacy: pb.PrivacyStatement) -> str:

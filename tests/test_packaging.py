@@ -1,0 +1,48 @@
+"""The wheel installs only the ``deniable`` namespace: no generic ``client`` or ``proto`` module."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_holds_only_the_deniable_namespace(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    wheels = list(tmp_path.glob("deniable-*.whl"))
+    assert len(wheels) == 1
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    top_levels = {name.split("/", 1)[0] for name in names}
+    assert {t for t in top_levels if not t.endswith(".dist-info")} == {"deniable"}
+    for required in (
+        "deniable/core/rng.py",
+        "deniable/core/mechanisms/direct.py",
+        "deniable/v1/deniable_pb2.py",
+        "deniable/v1/deniable_pb2_grpc.pyi",
+        "deniable/client/reporter.py",
+        "deniable/shuffler/spool.py",
+        "deniable/aggregator/store.py",
+        "deniable/cli/main.py",
+        "deniable/core/py.typed",
+    ):
+        assert required in names, required
+    assert "deniable/__init__.py" not in names  # an implicit namespace package (ADR 0001)
