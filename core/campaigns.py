@@ -29,7 +29,7 @@ class ReportLayout:
 
 def valid_campaign_id(campaign_id: str) -> bool:
     """Lower-case letters, digits, '.', '_' and '-', 1 to 63 characters, starting alphanumeric."""
-    return bool(CAMPAIGN_ID_PATTERN.match(campaign_id))
+    return bool(CAMPAIGN_ID_PATTERN.fullmatch(campaign_id))
 
 
 def layout_for(randomiser: LocalRandomiser) -> ReportLayout:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from fractions import Fraction
 from typing import Final
 
@@ -20,6 +21,9 @@ _BUFFER_BYTES: Final = 1 << 16
 _ZERO_BLOCK: Final = bytes(_BUFFER_BYTES)
 
 
+_UNKEYED: weakref.WeakSet[Csprng] = weakref.WeakSet()
+
+
 class Csprng:
     """ChaCha20 keystream generator; thread safe; re-keyed from the OS after ``fork``."""
 
@@ -28,6 +32,8 @@ class Csprng:
         self._lock = threading.Lock()
         self._fixed_key = key
         self._rekey()
+        if key is None:
+            _UNKEYED.add(self)
 
     def _rekey(self) -> None:
         key = self._fixed_key if self._fixed_key is not None else os.urandom(32)
@@ -39,10 +45,14 @@ class Csprng:
         self._offset = 0
 
     def reseed_after_fork(self) -> None:
-        """Draw a fresh OS key so a forked child never repeats its parent's stream."""
-        with self._lock:
-            self._fixed_key = None
-            self._rekey()
+        """Draw a fresh OS key so a forked child never repeats its parent's stream.
+
+        Runs in the child right after fork, where only the forking thread exists: the lock may
+        have been copied in the held state by another parent thread, so it is replaced, not taken.
+        """
+        self._lock = threading.Lock()
+        self._fixed_key = None
+        self._rekey()
 
     def bytes(self, count: int) -> bytes:
         """Return ``count`` uniformly random bytes."""
@@ -121,7 +131,14 @@ class Csprng:
 
 
 _default = Csprng()
-os.register_at_fork(after_in_child=_default.reseed_after_fork)
+
+
+def _reseed_all_after_fork() -> None:
+    for rng in list(_UNKEYED):
+        rng.reseed_after_fork()
+
+
+os.register_at_fork(after_in_child=_reseed_all_after_fork)
 
 
 def default_rng() -> Csprng:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from deniable.core.mechanisms.base import (
@@ -44,6 +45,10 @@ def create(name: str, *, epsilon0: float, domain_size: int, **params: Any) -> Lo
         cls = _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown mechanism {name!r}; known: {', '.join(names())}") from None
+    try:
+        inspect.signature(cls).bind(epsilon0, domain_size, **params)
+    except TypeError as exc:
+        raise ValueError(f"bad parameters for mechanism {name!r}: {exc}") from None
     return cls(epsilon0, domain_size, **params)
 
 

@@ -10,6 +10,7 @@ Auditors: ``output_distribution(value)`` is the exact law of the payload for one
 from __future__ import annotations
 
 import math
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,9 +113,11 @@ class LocalRandomiser(ABC):
 
     def check_value(self, value: int) -> None:
         """Raise ValueError for a true value outside the domain."""
-        if isinstance(value, bool):
-            value = int(value)
-        if not isinstance(value, int) or not 0 <= value < self.domain_size:
+        try:
+            index = operator.index(value)  # ints, bools and numpy integers; never floats
+        except TypeError:
+            raise ValueError(f"value {value!r} is not an integer") from None
+        if not 0 <= index < self.domain_size:
             raise ValueError(f"value {value!r} is outside the domain 0..{self.domain_size - 1}")
 
 

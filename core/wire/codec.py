@@ -24,7 +24,7 @@ MAX_CAMPAIGN_ID_BYTES: Final = 64
 _HEAD = struct.Struct(">B16sIB64sH")
 HEADER_LENGTH: Final = _HEAD.size  # 88
 PAD_MULTIPLE: Final = 16
-CAMPAIGN_ID_PATTERN: Final = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+CAMPAIGN_ID_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
 class MalformedPlaintext(ValueError):
@@ -57,7 +57,7 @@ def new_report_id(rng: Csprng | None = None) -> bytes:
 def encode(plaintext: Plaintext, length: int) -> bytes:
     """Encode and zero-pad to exactly ``length`` bytes."""
     campaign = plaintext.campaign_id.encode("utf-8")
-    if not CAMPAIGN_ID_PATTERN.match(plaintext.campaign_id):
+    if not CAMPAIGN_ID_PATTERN.fullmatch(plaintext.campaign_id):
         raise ValueError(f"invalid campaign id {plaintext.campaign_id!r}")
     if len(plaintext.report_id) != REPORT_ID_LENGTH:
         raise ValueError("report id must be 16 bytes")
@@ -92,6 +92,8 @@ def decode(data: bytes, length: int) -> Plaintext:
         campaign_id = campaign_raw[:campaign_len].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedPlaintext("campaign id is not UTF-8") from exc
+    if not CAMPAIGN_ID_PATTERN.fullmatch(campaign_id):
+        raise MalformedPlaintext("campaign id is not a valid id")
     return Plaintext(
         report_id=report_id, campaign_id=campaign_id, key_id=key_id, payload=data[HEADER_LENGTH:end]
     )
