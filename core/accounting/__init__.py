@@ -1,5 +1,26 @@
 """Privacy accounting: what central (epsilon, delta) shuffling n local reports gives."""
 
+from deniable.core.accounting.accountant import (
+    all_bounds,
+    analyses_for,
+    best_bound,
+    realised_probabilities,
+)
+from deniable.core.accounting.analyses import (
+    Analysis,
+    BinaryRRExact,
+    FMT21ClosedForm,
+    FMT21NumericalClones,
+    GRRBlanket,
+    NotApplicable,
+)
+from deniable.core.accounting.composition import (
+    Guarantee,
+    advanced_composition,
+    basic_composition,
+    best_composition,
+    poisson_subsampling,
+)
 from deniable.core.accounting.shuffle import (
     AmplificationBound,
     central_guarantee,
@@ -9,7 +30,22 @@ from deniable.core.accounting.shuffle import (
 
 __all__ = [
     "AmplificationBound",
+    "Analysis",
+    "BinaryRRExact",
+    "FMT21ClosedForm",
+    "FMT21NumericalClones",
+    "GRRBlanket",
+    "Guarantee",
+    "NotApplicable",
+    "advanced_composition",
+    "all_bounds",
+    "analyses_for",
+    "basic_composition",
+    "best_bound",
+    "best_composition",
     "central_guarantee",
     "fmt21_closed_form",
     "fmt21_closed_form_applicable",
+    "poisson_subsampling",
+    "realised_probabilities",
 ]

@@ -26,6 +26,8 @@ async def test_every_acknowledged_report_is_counted_and_cis_cover_the_truth(tmp_
         assert answer.rejected == 0
         assert answer.privacy.epsilon0 == pytest.approx(2.0)
         assert answer.privacy.smallest_batch == 4000
+        assert answer.privacy.amplified and 0 < answer.privacy.central_epsilon < 2.0
+        assert answer.privacy.delta == pytest.approx(1e-6)
         truth = campaign.true_counts
         assert len(answer.buckets) == len(truth)
         assert sum(b.raw_count for b in answer.buckets) == 4000

@@ -1,0 +1,116 @@
+"""GRR privacy blanket: against an explicit enumeration of the reduced experiment, and never below
+the true divergence of the shuffled histogram (brute force over every configuration, small n)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from deniable.core.accounting import BinaryRRExact, GRRBlanket, realised_probabilities
+
+
+def reduced_experiment_delta(eps: float, keep: Fraction, other: Fraction, k: int, n: int) -> Fraction:
+    """Each other user is x0 (prob o), x1 (prob o) or a revealed residual; enumerate every labelling
+    of the n-1 others and the victim's output, collect the adversary's view, take D exactly."""
+    e = Fraction(math.exp(eps))
+    views: dict[tuple[object, ...], list[Fraction]] = defaultdict(lambda: [Fraction(0), Fraction(0)])
+    labels = {"x0": other, "x1": other, "r": 1 - 2 * other}
+    victim = [  # (output class, prob under x0, prob under x1)
+        ("x0", keep, other),
+        ("x1", other, keep),
+        ("elsewhere", (k - 2) * other, (k - 2) * other),
+    ]
+    for labelling in itertools.product(labels, repeat=n - 1):
+        weight = math.prod((labels[label] for label in labelling), start=Fraction(1))
+        residual = labelling.count("r")
+        ones = labelling.count("x0")
+        for output, under0, under1 in victim:
+            h0 = ones + (output == "x0")
+            view = (residual, output == "elsewhere", h0)
+            views[view][0] += weight * under0
+            views[view][1] += weight * under1
+    forward = sum((max(a - e * b, Fraction(0)) for a, b in views.values()), Fraction(0))
+    backward = sum((max(b - e * a, Fraction(0)) for a, b in views.values()), Fraction(0))
+    return max(forward, backward)
+
+
+@pytest.mark.parametrize(("k", "n"), [(2, 1), (2, 6), (3, 5), (5, 7), (10, 6)])
+def test_matches_explicit_enumeration_of_the_reduction(k: int, n: int) -> None:
+    eps0 = 1.3
+    e0 = Fraction(math.exp(eps0))
+    keep, other = e0 / (e0 + k - 1), 1 / (e0 + k - 1)
+    analysis = GRRBlanket(eps0, n, k, float(keep), float(other))
+    for eps in (0.0, 0.1, 0.5, 1.0):
+        ours = analysis.delta_for_epsilon(eps)
+        exact = float(reduced_experiment_delta(eps, keep, other, k, n))
+        assert ours >= exact * (1 - 1e-12)
+        assert ours == pytest.approx(exact, rel=1e-8, abs=1e-15)
+
+
+def grr_matrix(keep: float, other: float, k: int) -> np.ndarray:
+    """Row v: the output distribution of GRR for input v."""
+    return np.full((k, k), other) + np.eye(k) * (keep - other)
+
+
+def histogram_law(rows: list[np.ndarray], k: int) -> dict[tuple[int, ...], float]:
+    """Distribution of the histogram of independent reports with these output laws."""
+    law: dict[tuple[int, ...], float] = {tuple([0] * k): 1.0}
+    for row in rows:
+        nxt: dict[tuple[int, ...], float] = defaultdict(float)
+        for hist, prob in law.items():
+            for value in range(k):
+                bumped = list(hist)
+                bumped[value] += 1
+                nxt[tuple(bumped)] += prob * row[value]
+        law = nxt
+    return law
+
+
+def true_shuffled_delta(eps: float, keep: float, other: float, k: int, n: int) -> float:
+    """sup over the others' values of D_{e^eps} between the histograms with victim 0 vs 1."""
+    matrix = grr_matrix(keep, other, k)
+    e = math.exp(eps)
+    worst = 0.0
+    for others in itertools.combinations_with_replacement(range(k), n - 1):
+        rest = [matrix[v] for v in others]
+        p = histogram_law([*rest, matrix[0]], k)
+        q = histogram_law([*rest, matrix[1]], k)
+        support = set(p) | set(q)
+        for a, b in ((p, q), (q, p)):
+            worst = max(worst, sum(max(a.get(h, 0.0) - e * b.get(h, 0.0), 0.0) for h in support))
+    return worst
+
+
+@pytest.mark.parametrize(("k", "n", "eps0"), [(3, 4, 1.0), (3, 6, 2.0), (4, 5, 1.5), (2, 7, 1.0)])
+def test_never_below_the_true_shuffled_histogram(k: int, n: int, eps0: float) -> None:
+    keep, other = (float(x) for x in realised_probabilities("grr", eps0, k))
+    analysis = GRRBlanket(eps0, n, k, keep, other)
+    for eps in (0.0, 0.2, 0.6, 0.95 * eps0):
+        assert analysis.delta_for_epsilon(eps) >= true_shuffled_delta(eps, keep, other, k, n) - 1e-12
+
+
+def test_binary_case_is_the_stronger_clone_mixture() -> None:
+    """k = 2: clone probability 2/(e^eps0+1), weight 1 - the exact binary RR stays below it."""
+    for n, eps0 in ((50, 1.0), (500, 2.0), (5000, 4.0)):
+        blanket = GRRBlanket(eps0, n, 2)
+        exact = BinaryRRExact(eps0, n)
+        for eps in (0.05, 0.2, 0.5):
+            assert exact.delta_for_epsilon(eps) <= blanket.delta_for_epsilon(eps) * (1 + 1e-9)
+
+
+def test_rejects_probabilities_that_are_not_grr() -> None:
+    with pytest.raises(ValueError):
+        GRRBlanket(1.0, 100, 3, 0.5, 0.3)
+    with pytest.raises(ValueError):
+        GRRBlanket(1.0, 100, 1)
+
+
+def test_large_domain_is_weaker_than_small() -> None:
+    """More categories spread the blanket thinner: the bound weakens with k at fixed eps0."""
+    eps = [GRRBlanket(1.0, 10_000, k).epsilon_for_delta(1e-6) for k in (2, 4, 16, 64)]
+    assert all(b > a for a, b in itertools.pairwise(eps))
