@@ -291,6 +291,7 @@ class AggregatorHandlers:
                 rejected=rejected,
                 count_cells=_counter(randomiser),
                 cells=randomiser.count_cells,
+                devices=randomiser.devices if randomiser.multi_message else None,
             )
         except BatchConflict as exc:
             raise AlreadyExists(str(exc)) from None
@@ -331,13 +332,15 @@ class AggregatorHandlers:
             snapshot = await self.store.snapshot(campaign.id, randomiser.count_cells)
         except UnknownCampaign:
             raise NotFound(f"no campaign {campaign.id!r}") from None
-        estimates = randomiser.estimate(snapshot.counts, snapshot.n, confidence)
+        devices = randomiser.devices(snapshot.counts, snapshot.n)  # == messages unless multi-message
+        estimates = randomiser.estimate(snapshot.counts, devices, confidence)
         # The tightest accountant analyses take up to about a second (cached after): off the loop.
-        privacy = await asyncio.to_thread(privacy_statement, campaign, snapshot.n, snapshot.smallest_batch)
+        privacy = await asyncio.to_thread(privacy_statement, campaign, devices, snapshot.smallest_batch)
         return pb.QueryResponse(
             campaign_id=campaign.id,
             mechanism=campaign.mechanism,
-            n=snapshot.n,
+            n=devices,
+            messages=snapshot.n,
             buckets=[
                 pb.BucketEstimate(
                     label=label,

@@ -24,6 +24,8 @@ from deniable.v1 import deniable_pb2 as pb
 
 T = TypeVar("T")
 CountCells = Callable[[Sequence[bytes]], npt.NDArray[np.int64]]
+DeviceCount = Callable[[Sequence[int], int], int]  # (count cells of a batch, messages) -> devices
+
 DUPLICATE_REPORT: Final = int(pb.DUPLICATE_REPORT)
 SCHEMA_VERSION: Final = 1
 
@@ -104,6 +106,7 @@ class AggregatorStore(Protocol):
         rejected: Mapping[int, int],
         count_cells: CountCells,
         cells: int,
+        devices: DeviceCount | None = None,
     ) -> IngestOutcome:
         """Count one batch atomically and idempotently.
 
@@ -263,6 +266,7 @@ class SqliteAggregatorStore:
         rejected: Mapping[int, int],
         count_cells: CountCells,
         cells: int,
+        devices: DeviceCount | None = None,
     ) -> IngestOutcome:
         """Count one batch atomically and idempotently (see ``AggregatorStore.ingest``)."""
 
@@ -322,7 +326,10 @@ class SqliteAggregatorStore:
 
             # A report is hidden only among the reports counted with it: rejected and repeated
             # ones hide nobody, so the effective shuffle size is at most the counted number.
+            # Multi-message mechanisms: the shuffle hides devices, counted by ``devices``.
             effective = min(batch_size, counted)
+            if devices is not None and counted:
+                effective = min(effective, devices([int(c) for c in tally], counted))
             db.execute(
                 "UPDATE campaigns SET n = n + ?, batches = batches + 1,"
                 " smallest_batch = CASE WHEN ? = 0 THEN smallest_batch"

@@ -152,25 +152,36 @@ class Reporter:
         if end and now >= end:
             raise CampaignClosed(f"campaign {self.campaign.id!r} closed at {end}")
 
-    def _seal(self, value: int) -> tuple[bytes, pb.EncryptedReport]:
-        """Randomise, encode and seal one answer; returns its report id and envelope."""
+    def _seal_payload(self, payload: bytes) -> list[tuple[bytes, pb.EncryptedReport]]:
+        """Encode and seal each message of one randomised answer apart, each with its own id.
+
+        Multi-message mechanisms emit several messages per answer; they share nothing (no common
+        id), so after the shuffle nobody can tell which messages came from the same device.
+        """
         campaign = self.campaign
-        payload = self.randomiser.randomise(value)
-        report_id = new_report_id()
-        plaintext = encode(
-            Plaintext(report_id, campaign.id, campaign.key_id, payload), campaign.plaintext_length
-        )
-        ciphertext = seal_report(plaintext, self.public_key, campaign.id)
-        if len(ciphertext) != campaign.ciphertext_length:  # guaranteed by validate_campaign
-            raise CampaignInvalid(
-                f"sealed {len(ciphertext)} bytes, campaign expects {campaign.ciphertext_length}"
+        sealed = []
+        for message in self.randomiser.split_messages(payload):
+            report_id = new_report_id()
+            plaintext = encode(
+                Plaintext(report_id, campaign.id, campaign.key_id, message), campaign.plaintext_length
             )
-        return report_id, pb.EncryptedReport(
-            campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext
-        )
+            ciphertext = seal_report(plaintext, self.public_key, campaign.id)
+            if len(ciphertext) != campaign.ciphertext_length:  # guaranteed by validate_campaign
+                raise CampaignInvalid(
+                    f"sealed {len(ciphertext)} bytes, campaign expects {campaign.ciphertext_length}"
+                )
+            envelope = pb.EncryptedReport(
+                campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext
+            )
+            sealed.append((report_id, envelope))
+        return sealed
+
+    def _seal(self, value: int) -> list[tuple[bytes, pb.EncryptedReport]]:
+        """Randomise, encode and seal one answer; its messages' report ids and envelopes."""
+        return self._seal_payload(self.randomiser.randomise(value))
 
     def record(self, value: int) -> bytes:
-        """Queue one randomised, sealed answer of this device; returns its report id.
+        """Queue one randomised, sealed answer of this device; returns its (first message's) report id.
 
         Refuses a value outside the domain (ValueError), a closed window (CampaignClosed) and an
         exhausted budget (BudgetExceeded). The budget is charged durably before the answer is
@@ -180,9 +191,9 @@ class Reporter:
         self.check_open()
         if self.ledger is not None:
             self.ledger.charge(self.campaign.id, self.campaign.epsilon0, self.campaign.device_budget_epsilon)
-        report_id, report = self._seal(value)
-        self.outbox.add_many([report])
-        return report_id
+        sealed = self._seal(value)
+        self.outbox.add_many([report for _, report in sealed])
+        return sealed[0][0]
 
     def record_many(self, values: Sequence[int], progress: bool = False) -> int:
         """Queue one report per value, each from a distinct simulated device; for simulations.
@@ -201,8 +212,11 @@ class Reporter:
                 self.campaign.epsilon0,
                 self.campaign.device_budget_epsilon,
             )
+        payloads = self.randomiser.randomise_many(values)
         reports = [
-            self._seal(value)[1] for value in tqdm(values, desc="seal", unit="report", disable=not progress)
+            report
+            for payload in tqdm(payloads, desc="seal", unit="device", disable=not progress)
+            for _, report in self._seal_payload(payload)
         ]
         return self.outbox.add_many(reports)
 

@@ -44,4 +44,5 @@ def randomiser_for(campaign: pb.Campaign) -> LocalRandomiser:
         mechanisms.name_for_proto(campaign.mechanism),
         epsilon0=campaign.epsilon0,
         domain_size=len(campaign.labels),
+        **dict(campaign.params),
     )

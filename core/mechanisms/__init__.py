@@ -1,12 +1,16 @@
 """Local randomisers, one module each, reachable through one registry.
 
 ``create(name, epsilon0=..., domain_size=..., **params)`` returns a ``LocalRandomiser`` whose
-``randomise(value)`` gives exactly the payload bytes that are sealed and sent.
+``randomise(value)`` gives exactly the payload bytes that are sealed and sent. Every module in
+this package is imported once; each concrete ``LocalRandomiser`` subclass with a ``name`` and a
+``proto`` value is registered, so a new mechanism is one new module.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from typing import Any
 
 from deniable.core.mechanisms.base import (
@@ -15,18 +19,30 @@ from deniable.core.mechanisms.base import (
     PayloadOutOfDomain,
     Tally,
 )
-from deniable.core.mechanisms.direct import BinaryRandomisedResponse, GeneralisedRandomisedResponse
-from deniable.v1 import deniable_pb2 as pb
 
-_REGISTRY: dict[str, type[LocalRandomiser]] = {
-    BinaryRandomisedResponse.name: BinaryRandomisedResponse,
-    GeneralisedRandomisedResponse.name: GeneralisedRandomisedResponse,
-}
+_SKIP = {"base", "exact"}
 
-_BY_PROTO: dict[int, str] = {
-    pb.BINARY_RR: BinaryRandomisedResponse.name,
-    pb.GRR: GeneralisedRandomisedResponse.name,
-}
+
+def _discover() -> dict[str, type[LocalRandomiser]]:
+    """Import every mechanism module and collect the concrete randomisers by name."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name not in _SKIP and not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+    found: dict[str, type[LocalRandomiser]] = {}
+    pending = list(LocalRandomiser.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if inspect.isabstract(cls) or "name" not in vars(cls) or not cls.__module__.startswith(__name__):
+            continue
+        if cls.name in found and found[cls.name] is not cls:
+            raise RuntimeError(f"two mechanisms are called {cls.name!r}")
+        found[cls.name] = cls
+    return found
+
+
+_REGISTRY: dict[str, type[LocalRandomiser]] = _discover()
+_BY_PROTO: dict[int, str] = {cls.proto: name for name, cls in _REGISTRY.items()}
 
 
 def names() -> list[str]:
@@ -39,12 +55,17 @@ def summaries() -> dict[str, str]:
     return {name: _REGISTRY[name].summary for name in names()}
 
 
-def create(name: str, *, epsilon0: float, domain_size: int, **params: Any) -> LocalRandomiser:
-    """Build the named randomiser; ValueError for an unknown name or bad parameters."""
+def mechanism_class(name: str) -> type[LocalRandomiser]:
+    """The class registered under ``name``; ValueError for an unknown name."""
     try:
-        cls = _REGISTRY[name]
+        return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown mechanism {name!r}; known: {', '.join(names())}") from None
+
+
+def create(name: str, *, epsilon0: float, domain_size: int, **params: Any) -> LocalRandomiser:
+    """Build the named randomiser; ValueError for an unknown name or bad parameters."""
+    cls = mechanism_class(name)
     try:
         inspect.signature(cls).bind(epsilon0, domain_size, **params)
     except TypeError as exc:
@@ -62,10 +83,7 @@ def name_for_proto(mechanism: int) -> str:
 
 def proto_for_name(name: str) -> int:
     """``deniable.v1.Mechanism`` value for a registry name."""
-    for value, registered in _BY_PROTO.items():
-        if registered == name:
-            return value
-    raise ValueError(f"mechanism {name!r} has no wire enum value")
+    return mechanism_class(name).proto
 
 
 __all__ = [
@@ -74,6 +92,7 @@ __all__ = [
     "PayloadOutOfDomain",
     "Tally",
     "create",
+    "mechanism_class",
     "name_for_proto",
     "names",
     "proto_for_name",

@@ -60,6 +60,8 @@ class LocalRandomiser(ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    proto: ClassVar[int]  # deniable.v1.Mechanism value
+    multi_message: ClassVar[bool] = False  # True: randomise() returns several messages, sealed apart
 
     def __init__(self, epsilon0: float, domain_size: int) -> None:
         if not (math.isfinite(epsilon0) and epsilon0 > 0):
@@ -81,7 +83,32 @@ class LocalRandomiser(ABC):
 
     @abstractmethod
     def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
-        """The payload for true ``value``; noise from the CSPRNG."""
+        """The payload for true ``value``; noise from the CSPRNG.
+
+        Single-message mechanisms return one message of ``payload_length`` bytes; multi-message
+        ones return several such messages back to back (see ``split_messages``).
+        """
+
+    def split_messages(self, payload: bytes) -> list[bytes]:
+        """The messages in a ``randomise`` output: each is sealed and shuffled on its own."""
+        width = self.payload_length
+        if not payload or len(payload) % width:
+            raise ValueError(
+                f"payload of {len(payload)} bytes is not a whole number of {width}-byte messages"
+            )
+        return [payload[i : i + width] for i in range(0, len(payload), width)]
+
+    def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
+        """``randomise`` for many simulated devices at once (vectorised where a mechanism can)."""
+        return [self.randomise(int(value), rng) for value in values]
+
+    def devices(self, counts: Sequence[int], messages: int) -> int:
+        """How many devices the counted messages came from (one message each, by default)."""
+        return messages
+
+    def parameters(self) -> dict[str, float]:
+        """Parameters beyond epsilon0 and the domain, as stored in ``Campaign.params``."""
+        return {}
 
     @abstractmethod
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:

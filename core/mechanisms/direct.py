@@ -24,6 +24,7 @@ from deniable.core.mechanisms.base import (
 )
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
+from deniable.v1 import deniable_pb2 as pb
 
 _OTHER_WEIGHT = 1 << 40
 
@@ -84,6 +85,7 @@ class BinaryRandomisedResponse(DirectEncoding):
     """Warner's randomised response on {0, 1}: keep the answer with p = e^eps0 / (1 + e^eps0)."""
 
     name = "binary_rr"
+    proto = pb.BINARY_RR
     summary = "binary randomised response: keep the bit w.p. e^eps0/(1+e^eps0), else flip it"
 
     def __init__(self, epsilon0: float, domain_size: int = 2) -> None:
@@ -107,6 +109,7 @@ class GeneralisedRandomisedResponse(DirectEncoding):
     """k-ary RR (GRR): keep w.p. e^eps0 / (e^eps0 + k - 1), else a uniform other value."""
 
     name = "grr"
+    proto = pb.GRR
     summary = "k-ary randomised response: the true category w.p. e^eps0/(e^eps0+k-1), else another"
 
     def __init__(self, epsilon0: float, domain_size: int) -> None:

@@ -34,6 +34,24 @@ class _MechanismEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Mechanism.V
     """binary randomised response (Warner 1965)"""
     GRR: _Mechanism.ValueType  # 2
     """k-ary (generalised) randomised response"""
+    SUE: _Mechanism.ValueType  # 3
+    """symmetric unary encoding (basic RAPPOR)"""
+    OUE: _Mechanism.ValueType  # 4
+    """optimised unary encoding"""
+    OLH: _Mechanism.ValueType  # 5
+    """optimised local hashing (params: g)"""
+    HADAMARD_RESPONSE: _Mechanism.ValueType  # 6
+    """Hadamard response"""
+    SUBSET_SELECTION: _Mechanism.ValueType  # 7
+    """subset selection (params: subset_size)"""
+    CHEU_BINARY_SUM: _Mechanism.ValueType  # 8
+    """Cheu, Smith, Ullman, Zeber, Zhilyaev 2019 binary-sum randomiser"""
+    BALCER_CHEU_HISTOGRAM: _Mechanism.ValueType  # 9
+    """Balcer & Cheu 2020 multi-message histogram"""
+    MULTI_MESSAGE_SUM: _Mechanism.ValueType  # 10
+    """multi-message summation with discrete-Laplace-like noise"""
+    SAMPLE_AND_THRESHOLD: _Mechanism.ValueType  # 11
+    """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
 
 class Mechanism(_Mechanism, metaclass=_MechanismEnumTypeWrapper):
     """Local randomiser of a campaign. Values are stable: new mechanisms append."""
@@ -43,6 +61,24 @@ BINARY_RR: Mechanism.ValueType  # 1
 """binary randomised response (Warner 1965)"""
 GRR: Mechanism.ValueType  # 2
 """k-ary (generalised) randomised response"""
+SUE: Mechanism.ValueType  # 3
+"""symmetric unary encoding (basic RAPPOR)"""
+OUE: Mechanism.ValueType  # 4
+"""optimised unary encoding"""
+OLH: Mechanism.ValueType  # 5
+"""optimised local hashing (params: g)"""
+HADAMARD_RESPONSE: Mechanism.ValueType  # 6
+"""Hadamard response"""
+SUBSET_SELECTION: Mechanism.ValueType  # 7
+"""subset selection (params: subset_size)"""
+CHEU_BINARY_SUM: Mechanism.ValueType  # 8
+"""Cheu, Smith, Ullman, Zeber, Zhilyaev 2019 binary-sum randomiser"""
+BALCER_CHEU_HISTOGRAM: Mechanism.ValueType  # 9
+"""Balcer & Cheu 2020 multi-message histogram"""
+MULTI_MESSAGE_SUM: Mechanism.ValueType  # 10
+"""multi-message summation with discrete-Laplace-like noise"""
+SAMPLE_AND_THRESHOLD: Mechanism.ValueType  # 11
+"""Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
 Global___Mechanism: _TypeAlias = Mechanism  # noqa: Y015
 
 class _DomainKind:
@@ -105,6 +141,26 @@ class Campaign(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ParamsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ID_FIELD_NUMBER: _builtins.int
     QUESTION_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
@@ -125,6 +181,7 @@ class Campaign(_message.Message):
     CREATED_UNIX_FIELD_NUMBER: _builtins.int
     TARGET_EPSILON_FIELD_NUMBER: _builtins.int
     EXPECTED_N_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: _builtins.str
@@ -163,6 +220,10 @@ class Campaign(_message.Message):
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
 
+    @_builtins.property
+    def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """mechanism parameters beyond epsilon0 (e.g. "g" for OLH)"""
+
     def __init__(
         self,
         *,
@@ -186,10 +247,11 @@ class Campaign(_message.Message):
         created_unix: _builtins.int = ...,
         target_epsilon: _builtins.float = ...,
         expected_n: _builtins.int = ...,
+        params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -547,6 +609,26 @@ Global___IngestBatchResponse: _TypeAlias = IngestBatchResponse  # noqa: Y015
 class CreateCampaignRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ParamsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ID_FIELD_NUMBER: _builtins.int
     QUESTION_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
@@ -558,6 +640,9 @@ class CreateCampaignRequest(_message.Message):
     WINDOW_START_UNIX_FIELD_NUMBER: _builtins.int
     WINDOW_END_UNIX_FIELD_NUMBER: _builtins.int
     DEVICE_BUDGET_EPSILON_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    TARGET_EPSILON_FIELD_NUMBER: _builtins.int
+    EXPECTED_N_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     question: _builtins.str
     kind: Global___DomainKind.ValueType
@@ -573,9 +658,16 @@ class CreateCampaignRequest(_message.Message):
     window_end_unix: _builtins.int
     device_budget_epsilon: _builtins.float
     """default: epsilon0 (one report per device)"""
+    target_epsilon: _builtins.float
+    """with expected_n: plan epsilon0 (and mechanism if unset) from a central target"""
+    expected_n: _builtins.int
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """required for CATEGORICAL, ignored for BINARY"""
+
+    @_builtins.property
+    def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """mechanism parameters beyond epsilon0"""
 
     def __init__(
         self,
@@ -591,14 +683,51 @@ class CreateCampaignRequest(_message.Message):
         window_start_unix: _builtins.int = ...,
         window_end_unix: _builtins.int = ...,
         device_budget_epsilon: _builtins.float = ...,
+        params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        target_epsilon: _builtins.float = ...,
+        expected_n: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "question", b"question", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateCampaignRequest: _TypeAlias = CreateCampaignRequest  # noqa: Y015
+
+@_typing.final
+class PostProcessing(_message.Message):
+    """Post-processing of the debiased estimates: free of privacy cost, always stated in the answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIP_NON_NEGATIVE_FIELD_NUMBER: _builtins.int
+    PROJECT_SIMPLEX_FIELD_NUMBER: _builtins.int
+    SUPPRESS_BELOW_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    clip_non_negative: _builtins.bool
+    """negative estimates become 0"""
+    project_simplex: _builtins.bool
+    """Euclidean projection onto {x >= 0, sum x = n}"""
+    suppress_below: _builtins.float
+    """estimates under this threshold are reported as 0 (0: off)"""
+    top_k: _builtins.int
+    """keep only the k largest buckets (0: all)"""
+    def __init__(
+        self,
+        *,
+        clip_non_negative: _builtins.bool = ...,
+        project_simplex: _builtins.bool = ...,
+        suppress_below: _builtins.float = ...,
+        top_k: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_non_negative", b"clip_non_negative", "project_simplex", b"project_simplex", "suppress_below", b"suppress_below", "top_k", b"top_k"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PostProcessing: _TypeAlias = PostProcessing  # noqa: Y015
 
 @_typing.final
 class QueryRequest(_message.Message):
@@ -606,18 +735,26 @@ class QueryRequest(_message.Message):
 
     CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
     CONFIDENCE_FIELD_NUMBER: _builtins.int
+    SIMULTANEOUS_FIELD_NUMBER: _builtins.int
+    POST_PROCESSING_FIELD_NUMBER: _builtins.int
     campaign_id: _builtins.str
     confidence: _builtins.float
     """default 0.95"""
+    simultaneous: _builtins.bool
+    """intervals that hold for all buckets at once (Bonferroni)"""
+    @_builtins.property
+    def post_processing(self) -> Global___PostProcessing: ...
     def __init__(
         self,
         *,
         campaign_id: _builtins.str = ...,
         confidence: _builtins.float = ...,
+        simultaneous: _builtins.bool = ...,
+        post_processing: Global___PostProcessing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["post_processing", b"post_processing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "confidence", b"confidence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "confidence", b"confidence", "post_processing", b"post_processing", "simultaneous", b"simultaneous"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -633,7 +770,10 @@ class BucketEstimate(_message.Message):
     STD_ERROR_FIELD_NUMBER: _builtins.int
     CI_LOW_FIELD_NUMBER: _builtins.int
     CI_HIGH_FIELD_NUMBER: _builtins.int
+    PROCESSED_FIELD_NUMBER: _builtins.int
+    SUPPRESSED_FIELD_NUMBER: _builtins.int
     label: _builtins.str
+    """raw_count/estimate/std_error/CI are of the unprocessed estimator; post-processing sets `processed`."""
     raw_count: _builtins.int
     """randomised reports with this output"""
     estimate: _builtins.float
@@ -641,6 +781,10 @@ class BucketEstimate(_message.Message):
     std_error: _builtins.float
     ci_low: _builtins.float
     ci_high: _builtins.float
+    processed: _builtins.float
+    """the estimate after the requested post-processing"""
+    suppressed: _builtins.bool
+    """removed by suppress_below or top_k"""
     def __init__(
         self,
         *,
@@ -650,10 +794,12 @@ class BucketEstimate(_message.Message):
         std_error: _builtins.float = ...,
         ci_low: _builtins.float = ...,
         ci_high: _builtins.float = ...,
+        processed: _builtins.float = ...,
+        suppressed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ci_high", b"ci_high", "ci_low", b"ci_low", "estimate", b"estimate", "label", b"label", "raw_count", b"raw_count", "std_error", b"std_error"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ci_high", b"ci_high", "ci_low", b"ci_low", "estimate", b"estimate", "label", b"label", "processed", b"processed", "raw_count", b"raw_count", "std_error", b"std_error", "suppressed", b"suppressed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -713,6 +859,9 @@ class QueryResponse(_message.Message):
     PRIVACY_FIELD_NUMBER: _builtins.int
     CONFIDENCE_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
+    SIMULTANEOUS_FIELD_NUMBER: _builtins.int
+    POST_PROCESSING_APPLIED_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
     campaign_id: _builtins.str
     mechanism: Global___Mechanism.ValueType
     n: _builtins.int
@@ -720,10 +869,17 @@ class QueryResponse(_message.Message):
     confidence: _builtins.float
     rejected: _builtins.int
     """reports received but not counted"""
+    simultaneous: _builtins.bool
+    messages: _builtins.int
+    """messages counted (equals n for single-message mechanisms)"""
     @_builtins.property
     def buckets(self) -> _containers.RepeatedCompositeFieldContainer[Global___BucketEstimate]: ...
     @_builtins.property
     def privacy(self) -> Global___PrivacyStatement: ...
+    @_builtins.property
+    def post_processing_applied(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """what was applied, in order"""
+
     def __init__(
         self,
         *,
@@ -734,10 +890,13 @@ class QueryResponse(_message.Message):
         privacy: Global___PrivacyStatement | None = ...,
         confidence: _builtins.float = ...,
         rejected: _builtins.int = ...,
+        simultaneous: _builtins.bool = ...,
+        post_processing_applied: _abc.Iterable[_builtins.str] | None = ...,
+        messages: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["privacy", b"privacy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "campaign_id", b"campaign_id", "confidence", b"confidence", "mechanism", b"mechanism", "n", b"n", "privacy", b"privacy", "rejected", b"rejected"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "campaign_id", b"campaign_id", "confidence", b"confidence", "mechanism", b"mechanism", "messages", b"messages", "n", b"n", "post_processing_applied", b"post_processing_applied", "privacy", b"privacy", "rejected", b"rejected", "simultaneous", b"simultaneous"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
