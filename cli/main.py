@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
+import pkgutil
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -36,6 +38,23 @@ def _positive_float(text: str) -> float:
     if not value > 0 or value != value or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
+
+
+class CommandModule(Protocol):
+    """A ``cli/cmd_*.py`` module: adds its subcommands; each sets ``handler`` (args -> exit code)."""
+
+    def register(self, sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
+
+
+def _command_modules() -> list[CommandModule]:
+    """Every ``deniable.cli.cmd_*`` module, so a command group is one new file."""
+    import deniable.cli
+
+    found: list[CommandModule] = []
+    for info in sorted(pkgutil.iter_modules(deniable.cli.__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            found.append(importlib.import_module(f"deniable.cli.{info.name}"))  # type: ignore[arg-type]
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,10 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--data-dir", type=Path, default=None, help="read the keyring on disk instead")
     show.add_argument("--json", action="store_true")
 
-    privacy = sub.add_parser("privacy", help="mechanisms and accounting").add_subparsers(
-        dest="action", required=True
-    )
-    privacy.add_parser("mechanisms", help="list the randomisers")
+    for module in _command_modules():
+        module.register(sub)
     return parser
 
 
@@ -161,6 +178,9 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> int:
     from deniable.cli.render import answer_json, answer_table, privacy_line
 
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return int(handler(args))
     if args.command == "demo":
         from deniable.cli.demo import run_demo
 
@@ -289,12 +309,6 @@ def _run(args: argparse.Namespace) -> int:
                     f"{row['key_id']}\t{'active' if row['active'] else 'retired'}"
                     f"\t{row['suite']}\t{row['public_key']}"
                 )
-        return 0
-    if args.command == "privacy" and args.action == "mechanisms":
-        from deniable.core import mechanisms
-
-        for name, summary in mechanisms.summaries().items():
-            print(f"{name:12} {summary}")
         return 0
     raise AssertionError(f"unhandled command {args.command}")
 
