@@ -53,7 +53,7 @@ def _command_modules() -> list[CommandModule]:
     found: list[CommandModule] = []
     for info in sorted(pkgutil.iter_modules(deniable.cli.__path__), key=lambda m: m.name):
         if info.name.startswith("cmd_"):
-            found.append(importlib.import_module(f"deniable.cli.{info.name}"))  # type: ignore[arg-type]
+            found.append(importlib.import_module(f"deniable.cli.{info.name}"))
     return found
 
 
