@@ -25,8 +25,6 @@ from deniable.aggregator.store import (
     CountCells,
     UnknownCampaign,
 )
-from deniable.core import mechanisms
-from deniable.core.accounting import central_guarantee
 from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
@@ -149,6 +147,7 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
 
 def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.PrivacyStatement:
     """The guarantee for the counted reports: central (epsilon, delta) at the smallest shuffle."""
+    randomiser = randomiser_for(campaign)
     if n == 0 or smallest_batch == 0:
         return pb.PrivacyStatement(
             epsilon0=campaign.epsilon0,
@@ -158,15 +157,11 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
             amplified=False,
             smallest_batch=0,
             note="nothing counted yet; every report will carry the local guarantee",
+            local_guarantee=randomiser.local_privacy,
         )
-    bound = central_guarantee(
-        campaign.epsilon0,
-        smallest_batch,
-        campaign.delta,
-        mechanism=mechanisms.name_for_proto(campaign.mechanism),
-        domain_size=len(campaign.labels),
-    )
+    bound = randomiser.central_guarantee(smallest_batch, campaign.delta)
     return pb.PrivacyStatement(
+        local_guarantee=randomiser.local_privacy,
         epsilon0=campaign.epsilon0,
         central_epsilon=bound.epsilon,
         delta=bound.delta,

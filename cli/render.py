@@ -16,7 +16,11 @@ def mechanism_name(value: pb.Mechanism.ValueType) -> str:
 
 def privacy_line(privacy: pb.PrivacyStatement) -> str:
     """One sentence stating the guarantee that holds."""
-    local = f"local ε0 = {privacy.epsilon0:g} per report"
+    local = (
+        f"local ε0 = {privacy.epsilon0:g} per report"
+        if privacy.local_guarantee
+        else "no local guarantee (shuffle-only protocol: privacy comes from the shuffle)"
+    )
     if privacy.amplified:
         central = (
             f"central (ε, δ) = ({privacy.central_epsilon:.4g}, {privacy.delta:.3g}) after shuffling"

@@ -15,13 +15,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from deniable.core.mechanisms.exact import z_score
 from deniable.core.rng import Csprng
+
+if TYPE_CHECKING:
+    from deniable.core.accounting import AmplificationBound
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -62,6 +65,9 @@ class LocalRandomiser(ABC):
     summary: ClassVar[str]
     proto: ClassVar[int]  # deniable.v1.Mechanism value
     multi_message: ClassVar[bool] = False  # True: randomise() returns several messages, sealed apart
+    # False for shuffle-only protocols whose reports are not locally private: their epsilon0
+    # parameter is then the central target and ``central_guarantee`` is their own analysis.
+    local_privacy: ClassVar[bool] = True
 
     def __init__(self, epsilon0: float, domain_size: int) -> None:
         if not (math.isfinite(epsilon0) and epsilon0 > 0):
@@ -105,6 +111,17 @@ class LocalRandomiser(ABC):
     def devices(self, counts: Sequence[int], messages: int) -> int:
         """How many devices the counted messages came from (one message each, by default)."""
         return messages
+
+    def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
+        """Central (epsilon, delta) when n devices' outputs are shuffled together.
+
+        By default the accountant's tightest valid amplification bound for an epsilon0-LDP
+        randomiser (mechanism-specific analyses where it has them). Shuffle-only protocols
+        override this with their own analysis.
+        """
+        from deniable.core.accounting import best_bound
+
+        return best_bound(self.epsilon0, n, delta, mechanism=self.name, domain_size=self.domain_size)
 
     def parameters(self) -> dict[str, float]:
         """Parameters beyond epsilon0 and the domain, as stored in ``Campaign.params``."""

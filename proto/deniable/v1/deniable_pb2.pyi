@@ -818,6 +818,7 @@ class PrivacyStatement(_message.Message):
     AMPLIFIED_FIELD_NUMBER: _builtins.int
     SMALLEST_BATCH_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    LOCAL_GUARANTEE_FIELD_NUMBER: _builtins.int
     epsilon0: _builtins.float
     """local guarantee of every report"""
     central_epsilon: _builtins.float
@@ -829,6 +830,8 @@ class PrivacyStatement(_message.Message):
     smallest_batch: _builtins.int
     """the shuffle the weakest-protected report was hidden in"""
     note: _builtins.str
+    local_guarantee: _builtins.bool
+    """epsilon0 holds locally (false for shuffle-only protocols)"""
     def __init__(
         self,
         *,
@@ -839,10 +842,11 @@ class PrivacyStatement(_message.Message):
         amplified: _builtins.bool = ...,
         smallest_batch: _builtins.int = ...,
         note: _builtins.str = ...,
+        local_guarantee: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
