@@ -6,12 +6,11 @@ the demo) without clashing metric names.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest, start_http_server
+from prometheus_client import Counter
 
+from deniable.core.metrics import ServiceMetrics
 from deniable.v1 import deniable_pb2 as pb
 
 
@@ -23,12 +22,12 @@ def reason_name(reason: int) -> str:
         return str(reason)
 
 
-class AggregatorMetrics:
+class AggregatorMetrics(ServiceMetrics):
     """Counters for counted and rejected reports, batches and failed requests."""
 
     def __init__(self) -> None:
         """Create the counters in a fresh registry."""
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.reports_counted = Counter(
             "deniable_aggregator_reports_counted",
             "Reports decrypted, validated and added to the counts.",
@@ -52,8 +51,6 @@ class AggregatorMetrics:
             ["rpc", "code"],
             registry=self.registry,
         )
-        self._http: WSGIServer | None = None
-        self._http_thread: threading.Thread | None = None
 
     def counted(self, count: int) -> None:
         """Record ``count`` reports added to the counts."""
@@ -72,23 +69,3 @@ class AggregatorMetrics:
     def failed(self, rpc: str, code: str) -> None:
         """Record one failed RPC."""
         self.requests_failed.labels(rpc=rpc, code=code).inc()
-
-    def exposition(self) -> bytes:
-        """The registry in the Prometheus text format."""
-        return generate_latest(self.registry)
-
-    def serve_http(self, port: int, address: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` on ``address:port`` from a daemon thread; returns the bound port."""
-        server, thread = start_http_server(port, addr=address, registry=self.registry)
-        self._http, self._http_thread = server, thread
-        return int(server.server_port)
-
-    def stop_http(self) -> None:
-        """Stop the metrics endpoint if it runs."""
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
-        if self._http_thread is not None:
-            self._http_thread.join(timeout=5)
-            self._http_thread = None

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import threading
-from wsgiref.simple_server import WSGIServer
+from prometheus_client import Counter, Gauge
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
-
-from deniable.core.errors import ConfigurationError
+from deniable.core.metrics import ServiceMetrics
 
 
-class ShufflerMetrics:
+class ShufflerMetrics(ServiceMetrics):
     """Counters and gauges; labels carry reasons, RPC names and codes, never a client identifier."""
 
     def __init__(self) -> None:
         """Create every metric in a fresh registry."""
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.reports_accepted = Counter(
             "deniable_shuffler_reports_accepted",
             "Reports durably spooled.",
@@ -58,28 +55,3 @@ class ShufflerMetrics:
             "Reports in batches not yet acknowledged by the aggregator.",
             registry=self.registry,
         )
-        self._http: WSGIServer | None = None
-        self._http_thread: threading.Thread | None = None
-
-    def exposition(self) -> bytes:
-        """The registry in the Prometheus text format."""
-        return bytes(generate_latest(self.registry))
-
-    def serve_http(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve /metrics on ``addr:port`` (0 picks a free port) in a thread; return the port."""
-        try:
-            server, thread = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as exc:
-            raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
-        self._http, self._http_thread = server, thread
-        return int(server.server_port)
-
-    def stop_http(self) -> None:
-        """Stop the metrics endpoint if it runs."""
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
-        if self._http_thread is not None:
-            self._http_thread.join(timeout=5)
-            self._http_thread = None
