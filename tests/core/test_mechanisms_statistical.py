@@ -23,6 +23,9 @@ import pytest
 from scipy import stats
 
 from deniable.core import mechanisms
+from deniable.core.audit import clopper_pearson_lower as cp_lower
+from deniable.core.audit import clopper_pearson_upper as cp_upper
+from deniable.core.audit import epsilon_lower_bound as audit_bound
 from deniable.core.mechanisms import LocalRandomiser
 from deniable.core.mechanisms.direct import DirectEncoding, GeneralisedRandomisedResponse
 from deniable.core.rng import Csprng, default_rng
@@ -108,16 +111,6 @@ def test_goodness_of_fit_rejects_a_biased_coin() -> None:
 # =========================================================================== (b) privacy audit
 
 
-def cp_lower(x: int, n: int, a: float) -> float:
-    """One-sided Clopper–Pearson lower bound: P(p < bound) <= a."""
-    return 0.0 if x <= 0 else float(stats.beta.ppf(a, x, n - x + 1))
-
-
-def cp_upper(x: int, n: int, a: float) -> float:
-    """One-sided Clopper–Pearson upper bound: P(p > bound) <= a."""
-    return 1.0 if x >= n else float(stats.beta.isf(a, x + 1, n - x))
-
-
 def epsilon_lower_bound(
     counts_a: Counter[bytes] | dict[bytes, int],
     n_a: int,
@@ -126,23 +119,8 @@ def epsilon_lower_bound(
     events: Sequence[bytes],
     alpha: float = ALPHA,
 ) -> float:
-    """A lower confidence bound, at confidence 1 - alpha, on the realised epsilon.
-
-    For every event S (one output) and both directions, ln(LCB(P_a(S)) / UCB(P_b(S))) with
-    one-sided Clopper–Pearson bounds. There are 4 * len(events) one-sided bounds, each at level
-    alpha / (4 len(events)) (Bonferroni), so with probability >= 1 - alpha all of them hold at
-    once, and then every term is <= ln(P_a(S) / P_b(S)) <= the true epsilon. Hence
-    P(returned value > true epsilon) <= alpha. ``events`` is fixed before sampling.
-    """
-    level = alpha / (4 * len(events))
-    best = 0.0
-    for event in events:
-        xa, xb = int(counts_a.get(event, 0)), int(counts_b.get(event, 0))
-        for top, top_n, bottom, bottom_n in ((xa, n_a, xb, n_b), (xb, n_b, xa, n_a)):
-            low = cp_lower(top, top_n, level)
-            if low > 0:
-                best = max(best, math.log(low / cp_upper(bottom, bottom_n, level)))
-    return best
+    """The public audit's bound (``deniable.core.audit``): P(result > true epsilon) <= alpha."""
+    return audit_bound(counts_a, n_a, counts_b, n_b, list(events), alpha)
 
 
 def audit_cannot_miss(law_a: Law, law_b: Law, n: int, claimed: float, miss: float = ALPHA) -> bool:
