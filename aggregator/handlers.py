@@ -15,7 +15,10 @@ from concurrent.futures import Executor
 from functools import partial
 from typing import Final
 
-from deniable.aggregator.decrypt import OK, Envelope, Opened, open_reports
+import numpy as np
+
+from deniable.aggregator import postprocess
+from deniable.aggregator.decrypt import OK, Envelope, Opened, open_packed, open_reports, unpack_opened
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.store import (
@@ -25,6 +28,8 @@ from deniable.aggregator.store import (
     CountCells,
     UnknownCampaign,
 )
+from deniable.core import mechanisms
+from deniable.core.accounting import planner
 from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
@@ -101,17 +106,16 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
     if request.kind == pb.BINARY:
         labels = list(BINARY_LABELS)
         mechanism = request.mechanism or pb.BINARY_RR
-        if mechanism not in (pb.BINARY_RR, pb.GRR):
-            raise InvalidRequest(f"mechanism {int(mechanism)} is not supported for a binary campaign")
     elif request.kind == pb.CATEGORICAL:
         labels = _validate_labels(request)
         mechanism = request.mechanism or pb.GRR
-        if mechanism == pb.BINARY_RR:
-            raise InvalidRequest("BINARY_RR is only for binary campaigns; use GRR for categories")
-        if mechanism != pb.GRR:
-            raise InvalidRequest(f"mechanism {int(mechanism)} is not supported for a categorical campaign")
     else:
         raise InvalidRequest("kind is required: BINARY or CATEGORICAL")
+    try:
+        mechanism_name = mechanisms.name_for_proto(mechanism)
+    except ValueError:
+        raise InvalidRequest(f"mechanism {int(mechanism)} is not a known mechanism") from None
+    params = {key: float(value) for key, value in request.params.items()}
 
     epsilon0 = request.epsilon0
     if not (_finite(epsilon0) and 0 < epsilon0 <= MAX_EPSILON0):
@@ -130,6 +134,11 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         raise InvalidRequest(
             f"device_budget_epsilon must be a finite number >= epsilon0 ({epsilon0:g}), got {budget!r}"
         )
+    try:  # the mechanism itself decides whether it fits this domain and these parameters
+        randomiser = mechanisms.create(mechanism_name, epsilon0=epsilon0, domain_size=len(labels), **params)
+    except ValueError as exc:
+        kind = "binary" if request.kind == pb.BINARY else f"{len(labels)}-category"
+        raise InvalidRequest(f"{mechanism_name} cannot serve this {kind} campaign: {exc}") from None
     return pb.Campaign(
         id=request.id,
         question=request.question,
@@ -142,7 +151,66 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         window_start_unix=start,
         window_end_unix=end,
         device_budget_epsilon=budget,
+        params={**params, **randomiser.parameters()},
     )
+
+
+def wants_plan(request: pb.CreateCampaignRequest) -> bool:
+    """Whether the request asks for a planned epsilon0 (target_epsilon or expected_n set)."""
+    return request.target_epsilon != 0 or request.expected_n != 0
+
+
+def plan_campaign(request: pb.CreateCampaignRequest) -> pb.Campaign:
+    """Validate a campaign given as a central target: the planner picks epsilon0 (and mechanism).
+
+    CPU-bound (up to seconds): run it off the event loop. Candidates are tried best first; the
+    first one the campaign rules accept is stored, with n_min defaulting to expected_n.
+    """
+    target, expected_n = request.target_epsilon, request.expected_n
+    if request.epsilon0 != 0:
+        raise InvalidRequest("give either epsilon0 or target_epsilon with expected_n, not both")
+    if target == 0:
+        raise InvalidRequest("expected_n is for planning: it needs target_epsilon (or give epsilon0)")
+    if not (_finite(target) and 0 < target <= MAX_EPSILON0):
+        raise InvalidRequest(
+            f"target_epsilon must be a finite number in (0, {MAX_EPSILON0:g}], got {target!r}"
+        )
+    if expected_n < 1:
+        raise InvalidRequest("target_epsilon needs expected_n (the reports per shuffled batch) >= 1")
+    delta = request.delta if request.delta != 0 else DEFAULT_DELTA
+    if not (_finite(delta) and 0 < delta < 1):
+        raise InvalidRequest(f"delta must lie in (0, 1), got {request.delta!r}")
+    if request.kind == pb.CATEGORICAL:
+        domain = len(_validate_labels(request))
+    elif request.kind == pb.BINARY:
+        domain = 2
+    else:
+        raise InvalidRequest("kind is required: BINARY or CATEGORICAL")
+    try:
+        names = [mechanisms.name_for_proto(request.mechanism)] if request.mechanism else None
+        plan = planner.plan(target, delta, int(expected_n), domain, names, dict(request.params) or None)
+    except ValueError as exc:  # PlanningError, unknown mechanism, bad parameters
+        raise InvalidRequest(f"cannot plan epsilon0: {exc}") from None
+    refused: list[str] = []
+    for candidate in plan.candidates:
+        if not candidate.feasible:
+            continue
+        planned = pb.CreateCampaignRequest()
+        planned.CopyFrom(request)
+        planned.mechanism = mechanisms.proto_for_name(candidate.mechanism)  # type: ignore[assignment]
+        planned.epsilon0 = candidate.epsilon0
+        planned.n_min = request.n_min or min(int(expected_n), 2**32 - 1)
+        try:
+            campaign = validate_campaign_request(planned)
+        except InvalidRequest as exc:
+            refused.append(f"{candidate.mechanism}: {exc}")
+            continue
+        campaign.params.clear()
+        campaign.params.update(candidate.params)
+        campaign.target_epsilon = target
+        campaign.expected_n = expected_n
+        return campaign
+    raise InvalidRequest(f"no planned mechanism is allowed for this campaign ({'; '.join(refused)})")
 
 
 def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.PrivacyStatement:
@@ -172,6 +240,16 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
     )
 
 
+def _pack(campaign: pb.Campaign, chunk: Sequence[Envelope]) -> tuple[bytes, bytes] | None:
+    """(uint32 key ids, ciphertexts back to back) if every envelope names the campaign and has its
+    ciphertext length; None otherwise (such chunks take ``open_reports``)."""
+    width = campaign.ciphertext_length
+    if any(c != campaign.id or len(t) != width for c, _, t in chunk):
+        return None
+    keys = np.fromiter((k for _, k, _ in chunk), dtype="<u4", count=len(chunk))
+    return keys.tobytes(), b"".join(t for _, _, t in chunk)
+
+
 def _chunks(items: Sequence[Envelope], parts: int) -> list[Sequence[Envelope]]:
     """Split into at most ``parts`` contiguous chunks of at least MIN_CHUNK items."""
     size = max(MIN_CHUNK, -(-len(items) // max(parts, 1)))
@@ -199,8 +277,11 @@ class AggregatorHandlers:
         self._clock = clock
 
     async def create_campaign(self, request: pb.CreateCampaignRequest) -> pb.Campaign:
-        """Validate, fill in key and report sizes, and store a new campaign."""
-        campaign = validate_campaign_request(request)
+        """Validate (planning epsilon0 from a central target if asked), fill in key and sizes, store."""
+        if wants_plan(request):
+            campaign = await asyncio.to_thread(plan_campaign, request)
+        else:
+            campaign = validate_campaign_request(request)
         try:
             layout = layout_for(randomiser_for(campaign))
         except ValueError as exc:
@@ -250,8 +331,22 @@ class AggregatorHandlers:
         if self._executor is None or self._workers <= 0:
             return await loop.run_in_executor(self._executor, work, envelopes)
         chunks = _chunks(envelopes, self._workers)
-        parts = await asyncio.gather(*(loop.run_in_executor(self._executor, work, c) for c in chunks))
-        return [opened for part in parts for opened in part]
+        packed = await asyncio.to_thread(lambda: [_pack(campaign, chunk) for chunk in chunks])
+        if any(p is None for p in packed):  # another campaign or size inside: the general path
+            parts = await asyncio.gather(*(loop.run_in_executor(self._executor, work, c) for c in chunks))
+            return [opened for part in parts for opened in part]
+        # Few large buffers per worker instead of a tuple per report (keys parsed once per worker).
+        packed_work = partial(
+            open_packed,
+            campaign.id,
+            campaign.plaintext_length,
+            campaign.ciphertext_length,
+            self.keyring.private_keys(),
+        )
+        results = await asyncio.gather(
+            *(loop.run_in_executor(self._executor, packed_work, *p) for p in packed if p is not None)
+        )
+        return await asyncio.to_thread(lambda: [o for result in results for o in unpack_opened(result)])
 
     async def ingest_batch(self, batch: pb.ShuffledBatch) -> pb.IngestBatchResponse:
         """Count a shuffled batch once: refuse it whole if its manifest is wrong."""
@@ -322,13 +417,25 @@ class AggregatorHandlers:
         campaign = await self._campaign(request.campaign_id)
         if binary and campaign.kind != pb.BINARY:
             raise FailedPrecondition(f"campaign {campaign.id} is categorical: use Histogram, not BinarySum")
+        pp = request.post_processing
+        options = postprocess.Options(pp.clip_non_negative, pp.project_simplex, pp.suppress_below, pp.top_k)
+        try:
+            options.check(len(campaign.labels))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         randomiser = randomiser_for(campaign)
         try:
             snapshot = await self.store.snapshot(campaign.id, randomiser.count_cells)
         except UnknownCampaign:
             raise NotFound(f"no campaign {campaign.id!r}") from None
         devices = randomiser.devices(snapshot.counts, snapshot.n)  # == messages unless multi-message
-        estimates = randomiser.estimate(snapshot.counts, devices, confidence)
+        level = (
+            postprocess.bonferroni_confidence(confidence, len(campaign.labels))
+            if request.simultaneous
+            else confidence
+        )
+        estimates = randomiser.estimate(snapshot.counts, devices, level)
+        processed = postprocess.apply(np.array([e.estimate for e in estimates]), devices, options)
         # The tightest accountant analyses take up to about a second (cached after): off the loop.
         privacy = await asyncio.to_thread(privacy_statement, campaign, devices, snapshot.smallest_batch)
         return pb.QueryResponse(
@@ -344,12 +451,18 @@ class AggregatorHandlers:
                     std_error=e.std_error,
                     ci_low=e.ci_low,
                     ci_high=e.ci_high,
+                    processed=float(value),
+                    suppressed=bool(hidden),
                 )
-                for label, e in zip(campaign.labels, estimates, strict=True)
+                for label, e, value, hidden in zip(
+                    campaign.labels, estimates, processed.values, processed.suppressed, strict=True
+                )
             ],
             privacy=privacy,
             confidence=confidence,
             rejected=sum(snapshot.rejected.values()),
+            simultaneous=request.simultaneous,
+            post_processing_applied=processed.applied,
         )
 
     async def list_keys(self) -> pb.ListKeysResponse:

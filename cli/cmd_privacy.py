@@ -1,17 +1,73 @@
-"""``deniable privacy …``: the mechanisms on offer and the accountant's answers."""
+"""``deniable privacy …``: the mechanisms on offer, the planner and the accountant's answers."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deniable.core.accounting.planner import Plan
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1), got {text}")
+    return value
+
+
+def _domain(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a domain has at least 2 values, got {text}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``privacy mechanisms`` (and later planning and amplification commands)."""
-    privacy = sub.add_parser("privacy", help="mechanisms and accounting").add_subparsers(
+    """Add ``privacy mechanisms``, ``privacy plan`` and ``privacy amplify``."""
+    privacy = sub.add_parser("privacy", help="mechanisms, planning and accounting").add_subparsers(
         dest="action", required=True
     )
     mechanisms = privacy.add_parser("mechanisms", help="list the randomisers")
     mechanisms.set_defaults(handler=list_mechanisms)
+
+    plan = privacy.add_parser(
+        "plan", help="the mechanism and epsilon0 that meet a central (ε, δ) at n with the smallest error"
+    )
+    plan.add_argument("--target-epsilon", type=_positive_float, required=True, help="central ε to meet")
+    plan.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
+    plan.add_argument("--n", type=_positive_int, required=True, help="reports shuffled together")
+    plan.add_argument("--domain", type=_domain, required=True, help="number of categories k (2: binary)")
+    plan.add_argument(
+        "--mechanism", action="append", default=None, help="only this mechanism (repeatable; default all)"
+    )
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(handler=plan_command)
+
+    amplify = privacy.add_parser("amplify", help="central (ε, δ) of n shuffled reports, by every analysis")
+    amplify.add_argument("--mechanism", required=True)
+    amplify.add_argument("--epsilon0", type=_positive_float, required=True)
+    amplify.add_argument("--n", type=_positive_int, required=True)
+    amplify.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
+    amplify.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
+    amplify.add_argument("--json", action="store_true")
+    amplify.set_defaults(handler=amplify_command)
 
 
 def list_mechanisms(args: argparse.Namespace) -> int:
@@ -20,4 +76,146 @@ def list_mechanisms(args: argparse.Namespace) -> int:
 
     for name, summary in mechanisms.summaries().items():
         print(f"{name:22} {summary}")
+    return 0
+
+
+def _table(header: list[str], rows: list[list[str]], details: list[str] | None = None) -> str:
+    """Left-aligned columns; ``details[i]`` (if non-empty) goes on an indented line under row i."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True)).rstrip(),
+        "  ".join("-" * w for w in widths),
+    ]
+    for index, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if details and details[index]:
+            lines.append("    " + details[index])
+    return "\n".join(lines)
+
+
+def plan_text(plan: Plan) -> str:
+    """The plan as people read it: the candidates table, the baseline and the choice."""
+    rows, details = [], []
+    for c in plan.candidates:
+        if not c.feasible:
+            rows.append([c.mechanism, "—", "—", "—", "—", "—"])
+            details.append(c.note)
+            continue
+        params = ", ".join(f"{k}={v:.6g}" for k, v in sorted(c.params.items()))
+        mark = " *" if c.mechanism == plan.mechanism else ""
+        rows.append(
+            [
+                c.mechanism + mark,
+                f"{c.epsilon0:.4f}",
+                f"{c.central_epsilon:.4f}",
+                f"{c.expected_std_error:.2f}",
+                f"{c.expected_std_error / plan.central_laplace.std_error:.1f}×",
+                c.analysis,
+            ]
+        )
+        details.append("; ".join(part for part in (params, c.note) if part))
+    laplace = plan.central_laplace
+    return "\n".join(
+        [
+            f"target central (ε, δ) = ({plan.target_epsilon:g}, {plan.delta:g}) for n = {plan.n} shuffled"
+            f" reports, k = {plan.domain_size}",
+            f"std error of one count at n: {plan.truth_assumption}",
+            "",
+            _table(["mechanism", "ε0", "central ε", "std error", "vs Laplace", "analysis"], rows, details),
+            "",
+            f"central Laplace baseline (trusted curator, same ε): std error {laplace.std_error:.3f}",
+            f"  {laplace.note}; neighbours: {laplace.neighbouring}",
+            f"chosen: {plan.mechanism}, ε0 = {plan.epsilon0:.4f} → central ε = {plan.central_epsilon:.4f}"
+            f" at δ = {plan.delta:g} ({plan.analysis})",
+            f"  std error {plan.expected_std_error:.2f} = {plan.ratio_to_central:.1f}× central Laplace",
+        ]
+    )
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """``privacy plan``: print or emit the plan."""
+    from deniable.core.accounting.planner import plan
+
+    chosen = plan(args.target_epsilon, args.delta, args.n, args.domain, mechanisms=args.mechanism)
+    if args.json:
+        print(json.dumps(chosen.to_dict(), indent=2))
+    else:
+        print(plan_text(chosen))
+    return 0
+
+
+def amplification(mechanism: str, epsilon0: float, n: int, delta: float, domain: int) -> dict[str, Any]:
+    """The mechanism's central guarantee and every valid analysis's own bound, JSON-ready."""
+    from deniable.core import mechanisms
+    from deniable.core.accounting import analyses_for
+
+    randomiser = mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain)
+    best = randomiser.central_guarantee(n, delta)
+    rows: list[dict[str, Any]] = []
+    if randomiser.local_privacy:
+        for analysis in analyses_for(epsilon0, n, mechanism, domain):
+            bound = analysis.bound(delta)
+            rows.append(
+                {
+                    "analysis": analysis.name,
+                    "epsilon": bound.epsilon,
+                    "delta": bound.delta,
+                    "amplified": bound.amplified,
+                    "note": bound.note,
+                    "citation": analysis.citation,
+                    "validity": analysis.validity,
+                }
+            )
+    if best.amplified and best.analysis not in {row["analysis"] for row in rows}:
+        rows.append(
+            {
+                "analysis": best.analysis,
+                "epsilon": best.epsilon,
+                "delta": best.delta,
+                "amplified": best.amplified,
+                "note": best.note,
+                "citation": "",
+                "validity": f"{mechanism}'s own analysis",
+            }
+        )
+    return {
+        "mechanism": mechanism,
+        "epsilon0": epsilon0,
+        "n": n,
+        "domain_size": domain,
+        "delta_requested": delta,
+        "local_privacy": randomiser.local_privacy,
+        "epsilon": best.epsilon,
+        "delta": best.delta,
+        "analysis": best.analysis,
+        "amplified": best.amplified,
+        "note": best.note,
+        "analyses": rows,
+    }
+
+
+def amplify_command(args: argparse.Namespace) -> int:
+    """``privacy amplify``: the tightest guarantee and the table of every analysis."""
+    result = amplification(args.mechanism, args.epsilon0, args.n, args.delta, args.domain)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    rows = [
+        [
+            row["analysis"],
+            f"{row['epsilon']:.4f}" if row["amplified"] else f"{row['epsilon']:g} (local)",
+            f"{row['delta']:g}",
+            row["note"].removeprefix(row["analysis"]).strip(),
+        ]
+        for row in result["analyses"]
+    ]
+    local = "local ε0" if result["local_privacy"] else "parameter ε0 (shuffle-only protocol)"
+    print(
+        f"{args.mechanism}, {local} = {args.epsilon0:g}, n = {args.n}, k = {args.domain}, δ = {args.delta:g}"
+    )
+    if rows:
+        print(_table(["analysis", "central ε", "δ", "note"], rows))
+    print(
+        f"tightest: central (ε, δ) = ({result['epsilon']:.4f}, {result['delta']:g}) by {result['analysis']}"
+    )
     return 0

@@ -39,6 +39,7 @@ class DemoCampaign:
     request: pb.CreateCampaignRequest
     truth_values: np.ndarray
     answer: pb.QueryResponse | None = None
+    created: pb.Campaign | None = None  # as the aggregator stored it (planned epsilon0 and mechanism)
     acknowledged: int = 0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -59,12 +60,34 @@ def exact_population(shares: Sequence[float], devices: int) -> np.ndarray:
     return np.repeat(np.arange(len(shares)), counts)
 
 
-def demo_campaigns(devices: int, epsilon0: float, mechanism: str | None, n_min: int) -> list[DemoCampaign]:
-    """The two demo questions with known true distributions."""
-    binary_mechanism = pb.BINARY_RR
-    histogram_mechanism = pb.GRR
+def demo_campaigns(
+    devices: int,
+    epsilon0: float,
+    mechanism: str | None,
+    n_min: int,
+    target_epsilon: float | None = None,
+    delta: float = 1e-6,
+) -> list[DemoCampaign]:
+    """The two demo questions with known true distributions.
+
+    ``mechanism`` is the histogram's randomiser (a binary-only one is the binary question's
+    instead). With ``target_epsilon`` the aggregator plans epsilon0 for n = ``devices`` (and the
+    mechanism where none is given), and every device is shuffled in one batch.
+    """
+    binary_mechanism: pb.Mechanism.ValueType = pb.BINARY_RR
+    histogram_mechanism: pb.Mechanism.ValueType = pb.GRR
+    if target_epsilon is not None:
+        binary_mechanism = histogram_mechanism = pb.MECHANISM_UNSPECIFIED
     if mechanism:
-        histogram_mechanism = pb.Mechanism.Value(mechanism.upper())
+        from deniable.core.accounting.planner import applicable
+
+        chosen = pb.Mechanism.Value(mechanism.upper())
+        if applicable(mechanism, len(LANGUAGES)) is None:
+            histogram_mechanism = chosen
+        elif applicable(mechanism, 2) is None:
+            binary_mechanism = chosen
+        else:
+            raise ValueError(f"mechanism {mechanism!r} accepts neither 2 nor {len(LANGUAGES)} categories")
     binary = pb.CreateCampaignRequest(
         id="dark-mode",
         question="Is dark mode on?",
@@ -84,6 +107,13 @@ def demo_campaigns(devices: int, epsilon0: float, mechanism: str | None, n_min: 
         delta=1e-6,
         n_min=n_min,
     )
+    for request in (binary, histogram):
+        request.delta = delta
+        if target_epsilon is not None:
+            request.epsilon0 = 0.0
+            request.target_epsilon = target_epsilon
+            request.expected_n = devices
+            request.n_min = devices
     return [
         DemoCampaign(binary, exact_population((1 - DARK_MODE_SHARE, DARK_MODE_SHARE), devices)),
         DemoCampaign(histogram, exact_population(LANGUAGE_SHARES, devices)),
@@ -109,10 +139,12 @@ async def run_pipeline(
     workdir: Path,
     mechanism: str | None = None,
     progress: bool = True,
+    target_epsilon: float | None = None,
+    delta: float = 1e-6,
 ) -> list[DemoCampaign]:
     """Run the demo in ``workdir`` and return each campaign with its answer."""
     n_min = max(1, min(1000, devices))
-    campaigns = demo_campaigns(devices, epsilon0, mechanism, n_min)
+    campaigns = demo_campaigns(devices, epsilon0, mechanism, n_min, target_epsilon, delta)
     aggregator = await start_aggregator(
         AggregatorConfig(data_dir=workdir / "aggregator", listen="127.0.0.1:0")
     )
@@ -123,8 +155,8 @@ async def run_pipeline(
         try:
             channel = insecure_channel(aggregator.address)
             operator = pb_grpc.AggregatorStub(channel)
-            for campaign in campaigns:
-                await operator.CreateCampaign(campaign.request, timeout=30)
+            for campaign in campaigns:  # planning takes a few seconds
+                campaign.created = await operator.CreateCampaign(campaign.request, timeout=300)
             transport = GrpcTransport(shuffler.address)
             outbox = Outbox(workdir / "devices" / "outbox.db")
             try:
@@ -168,8 +200,54 @@ def demo_report(campaigns: Sequence[DemoCampaign]) -> dict[str, Any]:
         entry["question"] = campaign.request.question
         entry["acknowledged"] = campaign.acknowledged
         entry["timings_s"] = campaign.timings
+        entry.update(error_comparison(campaign))
         out.append(entry)
     return {"campaigns": out}
+
+
+def error_comparison(campaign: DemoCampaign) -> dict[str, Any]:
+    """Observed error of the shuffled protocol beside central Laplace's expected error, same (ε, δ).
+
+    The Laplace figure is computed from its variance (replace-one neighbours, as the shuffle
+    analyses), never by running it on the raw data. ``planned`` is set for planned campaigns.
+    """
+    from deniable.core.accounting.planner import central_laplace, expected_bias
+    from deniable.core.campaigns import randomiser_for
+
+    answer, created = campaign.answer, campaign.created
+    assert answer is not None and created is not None
+    truth = np.asarray(campaign.true_counts, dtype=np.float64)
+    estimates = np.asarray([b.estimate for b in answer.buckets], dtype=np.float64)
+    observed = float(np.sqrt(np.mean((estimates - truth) ** 2)))
+    randomiser = randomiser_for(created)
+    mse = np.asarray(randomiser.variance(truth, int(answer.n)), dtype=np.float64)
+    bias = expected_bias(randomiser, truth, int(answer.n))  # thresholding estimators are biased
+    expected = float(np.sqrt(np.mean(mse if bias is None else mse + bias * bias)))  # at this truth
+    epsilon = answer.privacy.central_epsilon
+    delta = answer.privacy.delta or created.delta
+    laplace = central_laplace(epsilon, delta, len(created.labels))
+    out: dict[str, Any] = {
+        "observed_rmse": observed,
+        "expected_std_error": expected,
+        "central_laplace_std_error": laplace.std_error,
+        "central_laplace": {"epsilon": epsilon, "delta": delta, "sensitivity": laplace.sensitivity},
+        "error_ratio": observed / laplace.std_error,
+        "expected_error_ratio": expected / laplace.std_error,
+        "planned": None,
+    }
+    if created.target_epsilon:
+        bound = randomiser.central_guarantee(int(created.expected_n), created.delta)
+        out["planned"] = {
+            "target_epsilon": created.target_epsilon,
+            "delta": created.delta,
+            "expected_n": int(created.expected_n),
+            "mechanism": pb.Mechanism.Name(created.mechanism).lower(),
+            "epsilon0": created.epsilon0,
+            "params": dict(created.params),
+            "central_epsilon": bound.epsilon,
+            "analysis": bound.analysis,
+        }
+    return out
 
 
 def run_demo(
@@ -180,18 +258,25 @@ def run_demo(
     mechanism: str | None = None,
     workdir: Path | None = None,
     progress: bool = True,
+    target_epsilon: float | None = None,
+    delta: float = 1e-6,
 ) -> dict[str, Any]:
     """Run the demo, print the tables and the privacy statements, write JSON and plot if asked."""
     if devices < 1:
         raise ValueError("--devices must be at least 1")
+    if not 0 < delta < 1:
+        raise ValueError("--delta must lie in (0, 1)")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="deniable-demo-") as tmp:
         base = workdir or Path(tmp)
-        campaigns = asyncio.run(run_pipeline(devices, epsilon0, base, mechanism, progress))
+        campaigns = asyncio.run(
+            run_pipeline(devices, epsilon0, base, mechanism, progress, target_epsilon, delta)
+        )
     elapsed = time.perf_counter() - started
     report = demo_report(campaigns)
     report["devices"] = devices
     report["elapsed_s"] = elapsed
+    report["target_epsilon"] = target_epsilon
     inside = total = 0
     for campaign in campaigns:
         answer = campaign.answer
@@ -207,6 +292,7 @@ def run_demo(
         f"\n{inside} of {total} true counts lie inside their 95% CI (* marks the others);"
         f" {devices} devices in {elapsed:.1f} s"
     )
+    print(comparison_text(report["campaigns"], target_epsilon))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n")
@@ -223,3 +309,34 @@ def run_demo(
 def report_mechanism(answer: pb.QueryResponse) -> str:
     """Mechanism name for the table heading."""
     return pb.Mechanism.Name(answer.mechanism).lower()
+
+
+def comparison_text(entries: Sequence[dict[str, Any]], target_epsilon: float | None) -> str:
+    """The plan (if any) and the error table against central Laplace at the same (ε, δ)."""
+    lines = []
+    if target_epsilon is not None:
+        lines.append(f"\nplanned by the aggregator for the target central ε = {target_epsilon:g}:")
+        for e in entries:
+            p = e["planned"]
+            params = "".join(f", {k} = {v:g}" for k, v in sorted(p["params"].items()))
+            lines.append(
+                f"  {e['id']:12} {p['mechanism']:18} ε0 = {p['epsilon0']:.4f}{params} → central"
+                f" (ε, δ) = ({p['central_epsilon']:.4f}, {p['delta']:g}) at n = {p['expected_n']}"
+                f" ({p['analysis']})"
+            )
+    lines.append(
+        "\nerror per count: the shuffled protocol (observed RMSE over buckets on this data, and its"
+        " expected\nRMSE at this truth) beside central Laplace at the same (ε, δ) (expected std"
+        " error from its\nvariance, replace-one neighbours; not run on the raw data by a trusted party)"
+    )
+    lines.append(
+        f"  {'campaign':12} {'mechanism':18} {'central ε':>9} {'observed':>9} {'expected':>9}"
+        f" {'Laplace':>8} {'observed/Laplace':>16} {'expected/Laplace':>16}"
+    )
+    for e in entries:
+        lines.append(
+            f"  {e['id']:12} {e['mechanism']:18} {e['central_epsilon']:9.4f} {e['observed_rmse']:9.2f}"
+            f" {e['expected_std_error']:9.2f} {e['central_laplace_std_error']:8.3f}"
+            f" {e['error_ratio']:15.1f}× {e['expected_error_ratio']:15.1f}×"
+        )
+    return "\n".join(lines)

@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--epsilon0", type=_positive_float, default=2.0, help="local epsilon (default 2.0)")
     demo.add_argument("--mechanism", default=None, help="randomiser for the histogram campaign (default grr)")
+    demo.add_argument(
+        "--target-epsilon",
+        type=_positive_float,
+        default=None,
+        help="plan ε0 (and the mechanisms unless --mechanism) for this central ε at n = --devices",
+    )
+    demo.add_argument("--delta", type=float, default=1e-6, help="central δ (default 1e-6)")
     demo.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     demo.add_argument("--plot", type=Path, default=None, help="write a PNG of estimates against the truth")
     demo.add_argument(
@@ -110,9 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--kind", choices=["binary", "categorical"], required=True)
     create.add_argument("--labels", default="", help="comma-separated category labels (categorical)")
     create.add_argument("--mechanism", default=None, help="binary_rr or grr (default by kind)")
-    create.add_argument("--epsilon0", type=_positive_float, required=True)
+    how = create.add_mutually_exclusive_group(required=True)
+    how.add_argument("--epsilon0", type=_positive_float, help="local ε0 of every report")
+    how.add_argument(
+        "--target-epsilon",
+        type=_positive_float,
+        help="central ε to plan ε0 for (with --expected-n; picks the mechanism unless --mechanism)",
+    )
+    create.add_argument("--expected-n", type=_positive_int, default=0, help="reports per shuffle (planning)")
     create.add_argument("--delta", type=float, default=1e-6)
-    create.add_argument("--n-min", type=_positive_int, default=1000)
+    create.add_argument(
+        "--n-min", type=_positive_int, default=0, help="smallest batch (default 1000; planned: --expected-n)"
+    )
     create.add_argument(
         "--budget", type=float, default=0.0, help="per-device epsilon budget (default epsilon0)"
     )
@@ -127,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("campaign")
         q.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
         q.add_argument("--confidence", type=float, default=0.95)
+        q.add_argument("--simultaneous", action="store_true", help="CIs that hold for all buckets at once")
+        q.add_argument("--clip", action="store_true", help="post-process: negative estimates become 0")
+        q.add_argument("--simplex", action="store_true", help="post-process: project onto {x >= 0, Σx = n}")
+        q.add_argument(
+            "--suppress-below", type=float, default=0.0, help="post-process: zero estimates under X"
+        )
+        q.add_argument("--top-k", type=int, default=0, help="post-process: keep the K largest buckets")
         q.add_argument("--json", action="store_true")
 
     keys = sub.add_parser("keys", help="aggregator keys").add_subparsers(dest="action", required=True)
@@ -172,6 +195,9 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "key_id": c.key_id,
         "ciphertext_length": c.ciphertext_length,
         "device_budget_epsilon": c.device_budget_epsilon,
+        "target_epsilon": c.target_epsilon,
+        "expected_n": c.expected_n,
+        "params": dict(c.params),
     }
 
 
@@ -192,6 +218,8 @@ def _run(args: argparse.Namespace) -> int:
             args.mechanism,
             args.workdir,
             progress=not args.no_progress,
+            target_epsilon=args.target_epsilon,
+            delta=args.delta,
         )
         return 0
     if args.command == "aggregator":
@@ -236,19 +264,23 @@ def _run(args: argparse.Namespace) -> int:
         kind = pb.BINARY if args.kind == "binary" else pb.CATEGORICAL
         labels = [label.strip() for label in args.labels.split(",") if label.strip()]
         mechanism = pb.Mechanism.Value(args.mechanism.upper()) if args.mechanism else pb.MECHANISM_UNSPECIFIED
+        if (args.target_epsilon is None) != (args.expected_n == 0):
+            raise ValueError("--target-epsilon and --expected-n go together (or give --epsilon0 alone)")
         create = pb.CreateCampaignRequest(
             id=args.id,
             question=args.question,
             kind=kind,
             labels=labels,
             mechanism=mechanism,
-            epsilon0=args.epsilon0,
+            epsilon0=args.epsilon0 or 0.0,
+            target_epsilon=args.target_epsilon or 0.0,
+            expected_n=args.expected_n,
             delta=args.delta,
             n_min=args.n_min,
             device_budget_epsilon=args.budget,
         )
         created: pb.Campaign = asyncio.run(
-            _call(args.aggregator, lambda s: s.CreateCampaign(create, timeout=30))
+            _call(args.aggregator, lambda s: s.CreateCampaign(create, timeout=300 if args.expected_n else 30))
         )
         if args.json:
             _print_json(_campaign_dict(created))
@@ -257,6 +289,13 @@ def _run(args: argparse.Namespace) -> int:
                 f"created {created.id}: {len(created.labels)} buckets, ε0 = {created.epsilon0:g},"
                 f" n_min = {created.n_min}, key {created.key_id}"
             )
+            if created.target_epsilon:
+                print(
+                    f"planned: {pb.Mechanism.Name(created.mechanism).lower()},"
+                    f" ε0 = {created.epsilon0:.4f}"
+                    f" for central ε ≤ {created.target_epsilon:g} at δ = {created.delta:g}"
+                    f" in shuffles of n ≥ {created.expected_n}"
+                )
         return 0
     if args.command == "campaign" and args.action == "list":
         listed: pb.ListCampaignsResponse = asyncio.run(
@@ -269,7 +308,17 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\tε0={c.epsilon0:g}\t{c.question}")
         return 0
     if args.command == "query":
-        query = pb.QueryRequest(campaign_id=args.campaign, confidence=args.confidence)
+        query = pb.QueryRequest(
+            campaign_id=args.campaign,
+            confidence=args.confidence,
+            simultaneous=args.simultaneous,
+            post_processing=pb.PostProcessing(
+                clip_non_negative=args.clip,
+                project_simplex=args.simplex,
+                suppress_below=args.suppress_below,
+                top_k=args.top_k,
+            ),
+        )
         binary = args.action == "binary-sum"
         answer: pb.QueryResponse = asyncio.run(
             _call(args.aggregator, lambda s: (s.BinarySum if binary else s.Histogram)(query, timeout=60))

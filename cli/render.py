@@ -47,6 +47,8 @@ def answer_rows(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
             ci_low=bucket.ci_low,
             ci_high=bucket.ci_high,
         )
+        if answer.post_processing_applied:
+            row.update(processed=bucket.processed, suppressed=bucket.suppressed)
         rows.append(row)
     return rows
 
@@ -65,14 +67,18 @@ def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
         "delta": privacy.delta,
         "analysis": privacy.analysis,
         "amplified": privacy.amplified,
+        "simultaneous": answer.simultaneous,
+        "post_processing_applied": list(answer.post_processing_applied),
         "buckets": answer_rows(answer, truth),
     }
 
 
 def answer_table(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -> str:
     """A fixed-width table: bucket, (true count,) estimate, std error, confidence interval."""
-    level = f"{answer.confidence * 100:g}% CI"
+    level = f"{answer.confidence * 100:g}% {'simultaneous ' if answer.simultaneous else ''}CI"
+    processed = bool(answer.post_processing_applied)
     header = ["bucket", *(["true"] if truth is not None else []), "raw", "estimate", "std err", level]
+    header += ["processed"] if processed else []
     lines = []
     for index, bucket in enumerate(answer.buckets):
         cells = [bucket.label]
@@ -85,6 +91,8 @@ def answer_table(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -
             f"{bucket.std_error:.1f}",
             f"[{bucket.ci_low:.1f}, {bucket.ci_high:.1f}]",
         ]
+        if processed:
+            cells.append("suppressed" if bucket.suppressed else f"{bucket.processed:.1f}")
         lines.append(cells)
     widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
     out = [
@@ -94,6 +102,8 @@ def answer_table(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -
         for row in [header, *lines]
     ]
     out.insert(1, "  ".join("-" * w for w in widths))
+    if processed:
+        out.append("post-processed (free of privacy cost): " + " → ".join(answer.post_processing_applied))
     return "\n".join(out)
 
 

@@ -21,6 +21,15 @@ from deniable.core.accounting.composition import (
     best_composition,
     poisson_subsampling,
 )
+from deniable.core.accounting.planner import (
+    Candidate,
+    LaplaceBaseline,
+    Plan,
+    PlanningError,
+    central_laplace,
+    largest_epsilon0,
+    plan,
+)
 from deniable.core.accounting.shuffle import (
     AmplificationBound,
     central_guarantee,
@@ -32,11 +41,15 @@ __all__ = [
     "AmplificationBound",
     "Analysis",
     "BinaryRRExact",
+    "Candidate",
     "FMT21ClosedForm",
     "FMT21NumericalClones",
     "GRRBlanket",
     "Guarantee",
+    "LaplaceBaseline",
     "NotApplicable",
+    "Plan",
+    "PlanningError",
     "advanced_composition",
     "all_bounds",
     "analyses_for",
@@ -44,8 +57,11 @@ __all__ = [
     "best_bound",
     "best_composition",
     "central_guarantee",
+    "central_laplace",
     "fmt21_closed_form",
     "fmt21_closed_form_applicable",
+    "largest_epsilon0",
+    "plan",
     "poisson_subsampling",
     "realised_probabilities",
 ]
