@@ -276,8 +276,8 @@ def test_randomness_consumed_does_not_depend_on_the_value(name: str, k: int) -> 
 
 
 def test_registry_names_and_proto_mapping() -> None:
-    assert mechanisms.names() == ["binary_rr", "grr"]
-    assert set(mechanisms.summaries()) == {"binary_rr", "grr"}
+    assert {"binary_rr", "grr"} <= set(mechanisms.names())
+    assert set(mechanisms.summaries()) == set(mechanisms.names())
     assert mechanisms.name_for_proto(pb.BINARY_RR) == "binary_rr"
     assert mechanisms.name_for_proto(pb.GRR) == "grr"
     for name in mechanisms.names():
