@@ -7,6 +7,8 @@ off the event loop (a process pool when configured, else the default thread exec
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import inspect
 import math
 import time
 from collections import Counter
@@ -46,6 +48,7 @@ DEFAULT_DELTA: Final = 1e-6
 DEFAULT_N_MIN: Final = 1000
 DEFAULT_CONFIDENCE: Final = 0.95
 MIN_CHUNK: Final = 512
+BATCH_DIGEST_DOMAIN: Final = b"deniable/v1/batch"  # core.batches.batch_digest's prefix
 PAYLOAD_OUT_OF_DOMAIN: Final = int(pb.PAYLOAD_OUT_OF_DOMAIN)
 
 
@@ -134,6 +137,12 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         raise InvalidRequest(
             f"device_budget_epsilon must be a finite number >= epsilon0 ({epsilon0:g}), got {budget!r}"
         )
+    # Shuffle protocols calibrate their noise to the campaign's delta and expected n: hand them over.
+    accepted = inspect.signature(mechanisms.mechanism_class(mechanism_name)).parameters
+    if "delta" in accepted:
+        params.setdefault("delta", delta)
+    if "expected_n" in accepted and request.expected_n:
+        params.setdefault("expected_n", float(request.expected_n))
     try:  # the mechanism itself decides whether it fits this domain and these parameters
         randomiser = mechanisms.create(mechanism_name, epsilon0=epsilon0, domain_size=len(labels), **params)
     except ValueError as exc:
@@ -482,7 +491,19 @@ def _counter(randomiser: LocalRandomiser) -> CountCells:
 def _envelopes_and_digest(batch: pb.ShuffledBatch) -> tuple[list[Envelope], bytes]:
     """Plain (campaign, key id, ciphertext) tuples and the manifest digest they give."""
     envelopes: list[Envelope] = [(r.campaign_id, r.key_id, r.ciphertext) for r in batch.reports]
-    return envelopes, batch_digest(e[2] for e in envelopes)
+    return envelopes, manifest_digest([e[2] for e in envelopes])
+
+
+def manifest_digest(ciphertexts: Sequence[bytes]) -> bytes:
+    """``batch_digest``, hashed in one call when every ciphertext has the same length (the rule)."""
+    lengths = set(map(len, ciphertexts))
+    if len(lengths) != 1:
+        return batch_digest(ciphertexts)
+    width = lengths.pop()
+    framed = np.empty((len(ciphertexts), 4 + width), dtype=np.uint8)
+    framed[:, :4] = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
+    framed[:, 4:] = np.frombuffer(b"".join(ciphertexts), dtype=np.uint8).reshape(len(ciphertexts), width)
+    return hashlib.sha256(BATCH_DIGEST_DOMAIN + framed.tobytes()).digest()
 
 
 def _screen(

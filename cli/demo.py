@@ -78,16 +78,19 @@ def demo_campaigns(
     histogram_mechanism: pb.Mechanism.ValueType = pb.GRR
     if target_epsilon is not None:
         binary_mechanism = histogram_mechanism = pb.MECHANISM_UNSPECIFIED
+    chosen_params: dict[str, float] = {}
     if mechanism:
         from deniable.core.accounting.planner import applicable
 
         chosen = pb.Mechanism.Value(mechanism.upper())
-        if applicable(mechanism, len(LANGUAGES)) is None:
+        chosen_params = _calibration_params(mechanism, devices, delta)
+        if applicable(mechanism, len(LANGUAGES), chosen_params, epsilon0) is None:
             histogram_mechanism = chosen
-        elif applicable(mechanism, 2) is None:
+        elif applicable(mechanism, 2, chosen_params, epsilon0) is None:
             binary_mechanism = chosen
         else:
-            raise ValueError(f"mechanism {mechanism!r} accepts neither 2 nor {len(LANGUAGES)} categories")
+            reason = applicable(mechanism, len(LANGUAGES), chosen_params, epsilon0)
+            raise ValueError(f"mechanism {mechanism!r} fits neither question of the demo: {reason}")
     binary = pb.CreateCampaignRequest(
         id="dark-mode",
         question="Is dark mode on?",
@@ -109,6 +112,8 @@ def demo_campaigns(
     )
     for request in (binary, histogram):
         request.delta = delta
+        if mechanism and request.mechanism == pb.Mechanism.Value(mechanism.upper()):
+            request.params.update(chosen_params)
         if target_epsilon is not None:
             request.epsilon0 = 0.0
             request.target_epsilon = target_epsilon
@@ -120,6 +125,17 @@ def demo_campaigns(
     ]
 
 
+def _calibration_params(mechanism: str, devices: int, delta: float) -> dict[str, float]:
+    """Shuffle protocols calibrate their noise to the expected n and delta: give them the demo's."""
+    import inspect
+
+    from deniable.core import mechanisms
+
+    accepted = inspect.signature(mechanisms.mechanism_class(mechanism)).parameters
+    wanted = {"expected_n": float(devices), "delta": delta}
+    return {key: value for key, value in wanted.items() if key in accepted}
+
+
 async def _wait_counted(
     stub: pb_grpc.AggregatorAsyncStub, campaign: DemoCampaign, timeout_s: float
 ) -> pb.QueryResponse:
@@ -128,7 +144,8 @@ async def _wait_counted(
     rpc = stub.BinarySum if campaign.request.kind == pb.BINARY else stub.Histogram
     while True:
         answer = await rpc(pb.QueryRequest(campaign_id=campaign.request.id), timeout=30)
-        if answer.n + answer.rejected >= campaign.acknowledged or time.monotonic() > deadline:
+        # Acknowledgements count messages; multi-message mechanisms send several per device.
+        if answer.messages + answer.rejected >= campaign.acknowledged or time.monotonic() > deadline:
             return answer
         await asyncio.sleep(0.1)
 
@@ -283,7 +300,11 @@ def run_demo(
         assert answer is not None
         print(f"\n{campaign.request.question}  [{campaign.request.id}, {report_mechanism(answer)}]")
         print(answer_table(answer, campaign.true_counts))
-        print(f"n = {answer.n} counted of {campaign.acknowledged} acknowledged, {answer.rejected} rejected")
+        counted = f"n = {answer.n}"
+        if answer.messages != answer.n:
+            counted += f" ({answer.messages} messages)"
+        print(f"{counted} counted of {campaign.acknowledged} messages acknowledged;", end=" ")
+        print(f"{answer.rejected} rejected")
         print("privacy: " + privacy_line(answer.privacy))
         for bucket, truth in zip(answer.buckets, campaign.true_counts, strict=True):
             total += 1

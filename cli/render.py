@@ -19,12 +19,13 @@ def privacy_line(privacy: pb.PrivacyStatement) -> str:
     local = (
         f"local ε0 = {privacy.epsilon0:g} per report"
         if privacy.local_guarantee
-        else "no local guarantee (shuffle-only protocol: privacy comes from the shuffle)"
+        else "no local guarantee (a shuffle-model protocol: each report alone is not private)"
     )
     if privacy.amplified:
         central = (
-            f"central (ε, δ) = ({privacy.central_epsilon:.4g}, {privacy.delta:.3g}) after shuffling"
-            f" (smallest batch {privacy.smallest_batch}; {privacy.analysis})"
+            f"central (ε, δ) = ({privacy.central_epsilon:.4g}, {privacy.delta:.3g})"
+            + (" after shuffling" if privacy.local_guarantee else " for the released counts")
+            + f" (smallest batch {privacy.smallest_batch}; {privacy.analysis})"
         )
     else:
         central = f"no amplification claimed: central ε = ε0 = {privacy.central_epsilon:g}"

@@ -7,6 +7,7 @@ threshold; nothing here returns a float. ``random`` and ``numpy.random`` are nev
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
@@ -113,6 +114,65 @@ class Csprng:
             out[filled : filled + len(ok)] = ok.astype(np.int64)
             filled += len(ok)
         return out
+
+    def bernoulli_array(self, probability: Fraction, count: int) -> npt.NDArray[np.bool_]:
+        """``count`` independent exact Bernoulli(probability) draws; denominator at most 2**62."""
+        if not 0 <= probability <= 1:
+            raise ValueError("probability must lie in [0, 1]")
+        return self.randbelow_array(probability.denominator, count) < probability.numerator
+
+    def bernoulli_exp(self, gamma: Fraction) -> bool:
+        """True with probability exactly exp(-gamma), gamma >= 0 rational.
+
+        Canonne, Kamath, Steinke 2020, Algorithm 1 (gamma > 1 as floor(gamma) factors e^-1 and one rest).
+        """
+        gamma = Fraction(gamma)
+        if gamma < 0:
+            raise ValueError("gamma must be non-negative")
+        for _ in range(math.floor(gamma)):
+            if not self._bernoulli_exp_at_most_one(Fraction(1)):
+                return False
+        return self._bernoulli_exp_at_most_one(gamma - math.floor(gamma))
+
+    def _bernoulli_exp_at_most_one(self, gamma: Fraction) -> bool:
+        k = 1
+        while self.bernoulli(gamma / k):
+            k += 1
+        return k % 2 == 1
+
+    def geometric(self, scale: Fraction) -> int:
+        """X >= 0 with P[X = x] = (1 - e^(-1/scale)) e^(-x/scale), exactly; scale > 0 rational.
+
+        Canonne, Kamath, Steinke 2020, Algorithm 2 (scale = t/s: floor((U + t V) / s)).
+        """
+        scale = Fraction(scale)
+        if scale <= 0:
+            raise ValueError("scale must be positive")
+        t, s = scale.numerator, scale.denominator
+        while True:
+            u = self.randbelow(t)
+            if not self.bernoulli_exp(Fraction(u, t)):
+                continue
+            v = 0
+            while self.bernoulli_exp(Fraction(1)):
+                v += 1
+            return (u + t * v) // s
+
+    def discrete_laplace(self, scale: Fraction) -> int:
+        """Z with P[Z = z] proportional to e^(-|z|/scale), exactly (CKS 2020, Algorithm 2); scale > 0.
+
+        A geometric magnitude and a fair sign; "negative zero" is rejected so 0 is not counted twice.
+        """
+        while True:
+            magnitude = self.geometric(scale)
+            negative = self.randbits(1) == 1
+            if negative and magnitude == 0:
+                continue
+            return -magnitude if negative else magnitude
+
+    def discrete_laplace_many(self, scale: Fraction, count: int) -> npt.NDArray[np.int64]:
+        """``count`` independent ``discrete_laplace(scale)`` draws (a loop: same exact law)."""
+        return np.fromiter((self.discrete_laplace(scale) for _ in range(count)), dtype=np.int64, count=count)
 
     def permutation(self, count: int) -> npt.NDArray[np.int64]:
         """A uniformly random permutation of range(count).

@@ -1,0 +1,330 @@
+"""Central (epsilon, delta) of the shuffle-only protocols, each from its own analysis.
+
+- Cheu et al. 2019 binary sums: the exact profile of shuffled binary RR at keep = 1 - gamma/2.
+- Balcer & Cheu 2020 histograms: their Theorem (binary protocol (eps, delta)-DP for
+  n >= 100 ln(2/delta) / eps^2 with 1 - p = 50 ln(2/delta) / (eps^2 n)); two buckets change.
+- Sample and threshold (Bharadwaj & Cormode 2022): the exact hockey-stick profile of the
+  released, thresholded histogram (worst case over the other users), as Li, Qardaji, Su 2012.
+- Multi-message summation: exact profile of the binomial-difference noise plus the split-and-mix
+  share-hiding distance (second-moment bound, as in Balle et al. 2019 / Ghazi et al. 2020).
+
+A protocol outside its analysis's validity gets ``not_applicable``: epsilon = inf, never a number
+the analysis does not give.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from fractions import Fraction
+from typing import Final
+
+import numpy as np
+
+from deniable.core.accounting._binomial import chernoff_window, kl_bernoulli, pmf_run
+from deniable.core.accounting.analyses import BinaryRRExact, NotApplicable, search_epsilon
+from deniable.core.accounting.shuffle import AmplificationBound
+
+GRID_BITS: Final = 52  # noise probabilities are multiples of 2**-52: exact as doubles in params
+GRID: Final = 1 << GRID_BITS
+_SAFETY: Final = 1 + 1e-9  # relative margin on float-computed divergences
+
+CHEU = "Cheu et al. 2019 randomiser: exact shuffled binary-RR profile"
+BALCER_CHEU = "Balcer-Cheu 2020 histogram theorem"
+SAMPLE_THRESHOLD = "sample-and-threshold: exact profile of the released histogram"
+MULTI_SUM = "multi-message sum: exact binomial-difference profile + split-and-mix distance"
+
+
+def not_applicable(analysis: str, reason: str) -> AmplificationBound:
+    """No guarantee from this analysis: epsilon = inf (delta 1), with the reason."""
+    return AmplificationBound(math.inf, 1.0, analysis, False, f"not applicable: {reason}")
+
+
+def _check_delta(delta: float) -> None:
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+
+
+def grid_up(value: float) -> int:
+    """Numerator of the smallest multiple of 2**-52 that is >= value (value in (0, 1])."""
+    return min(GRID, max(1, math.ceil(value * GRID)))
+
+
+# =========================================================================== Cheu et al. 2019
+
+
+def cheu_keep(flip: Fraction) -> float:
+    """Probability of reporting the true bit: 1 - gamma / 2 (exact as a double on the grid)."""
+    return float(1 - flip / 2)
+
+
+def cheu_local_epsilon(flip: Fraction) -> float:
+    """ln((2 - gamma) / gamma): the local guarantee of every single report."""
+    return math.inf if flip == 0 else math.log((2 - flip) / flip)
+
+
+def cheu_guarantee(flip: Fraction, n: int, delta: float) -> AmplificationBound:
+    """Exact shuffled binary-RR profile at keep = 1 - gamma/2 for n reports; local eps if better."""
+    _check_delta(delta)
+    local = cheu_local_epsilon(flip)
+    if flip >= 1:
+        return AmplificationBound(0.0, 0.0, CHEU, True, "gamma = 1: every report is a fair coin")
+    if n <= 1:
+        return AmplificationBound(local, 0.0, CHEU, False, f"n={n}: only the local guarantee holds")
+    analysis = BinaryRRExact(local, int(n), cheu_keep(flip))
+    try:
+        epsilon = analysis.epsilon_for_delta(delta)
+    except NotApplicable as exc:
+        return AmplificationBound(local, 0.0, CHEU, False, f"exact profile not applicable ({exc}); local")
+    note = f"gamma={float(flip):.6g}, local eps={local:.4g}"
+    if analysis.detail():
+        note += f"; {analysis.detail()}"
+    if epsilon >= local:
+        return AmplificationBound(local, 0.0, CHEU, False, note + "; no amplification, local guarantee")
+    return AmplificationBound(epsilon, delta, CHEU, True, note)
+
+
+@functools.lru_cache(maxsize=64)
+def cheu_flip_for_target(epsilon: float, delta: float, n: int) -> int:
+    """Numerator g of the smallest gamma = g / 2**52 (to 1/128 relative) meeting (eps, delta) at n."""
+    _check_delta(delta)
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError("the target epsilon must be positive and finite")
+    if n < 2:
+        raise ValueError("expected_n must be at least 2")
+
+    def meets(g: int) -> bool:
+        return cheu_guarantee(Fraction(g, GRID), n, delta).epsilon <= epsilon
+
+    if meets(1):
+        return 1
+    # gamma = 2**e: smallest exponent that meets the target (gamma = 1 always does).
+    lo_e, hi_e = 0, GRID_BITS
+    while hi_e - lo_e > 1:
+        mid = (lo_e + hi_e) // 2
+        if meets(1 << mid):
+            hi_e = mid
+        else:
+            lo_e = mid
+    lo, hi = 1 << lo_e, 1 << hi_e  # meets(lo) is False, meets(hi) is True
+    while hi - lo > max(1, hi >> 7):
+        mid = (lo + hi) // 2
+        if meets(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# =========================================================================== Balcer & Cheu 2020
+
+
+def balcer_cheu_gamma(epsilon: float, delta: float, n: int) -> int:
+    """Grid numerator of 1 - p = 50 ln(2/delta_b) / (eps_b^2 n), rounded up; ValueError if invalid.
+
+    eps_b, delta_b = eps/2, delta/2 per bucket (two buckets change); needs eps_b <= 1, n >= 2x that.
+    """
+    _check_delta(delta)
+    if not (math.isfinite(epsilon) and 0 < epsilon <= 2):
+        raise ValueError(
+            f"Balcer-Cheu needs a target epsilon in (0, 2] (eps/2 <= 1 per bucket), got {epsilon}"
+        )
+    eps_b, delta_b = epsilon / 2, delta / 2
+    needed = 100 * math.log(2 / delta_b) / eps_b**2
+    if n < needed:
+        raise ValueError(
+            f"Balcer-Cheu needs expected_n >= 100 ln(2/(delta/2)) / (eps/2)^2 = {math.ceil(needed)}, got {n}"
+        )
+    return grid_up(50 * math.log(2 / delta_b) / (eps_b**2 * n) * (1 + 1e-12))
+
+
+def balcer_cheu_guarantee(gamma: Fraction, n: int, delta: float) -> AmplificationBound:
+    """(2 eps_b, delta) with eps_b = sqrt(50 ln(4/delta) / ((1 - p) n)), when eps_b <= 1, 1 - p <= 1/2."""
+    _check_delta(delta)
+    if n < 1:
+        return not_applicable(BALCER_CHEU, "no devices")
+    if gamma > Fraction(1, 2):
+        return not_applicable(BALCER_CHEU, f"1 - p = {float(gamma):.4g} > 1/2, outside the theorem")
+    eps_b = math.sqrt(50 * math.log(4 / delta) / (float(gamma) * n)) * (1 + 1e-14)
+    if eps_b > 1:
+        return not_applicable(
+            BALCER_CHEU, f"n={n} gives eps per bucket {eps_b:.4g} > 1, outside the theorem's range"
+        )
+    note = (
+        f"per bucket (eps, delta) = ({eps_b:.4g}, {delta / 2:.3g}) for 1 - p = {float(gamma):.6g}, n={n};"
+        " a changed value moves two buckets: (2 eps, 2 delta/2)"
+    )
+    return AmplificationBound(2 * eps_b, delta, BALCER_CHEU, True, note)
+
+
+# =========================================================================== sample and threshold
+
+_ST_MAX_ROWS: Final = 3000
+
+
+def sample_threshold_add_delta(rate: float, threshold: int, epsilon: float) -> float:
+    """sup over m of D_{e^eps}(R(Bin(m+1, s)) || R(Bin(m, s))), R zeroing counts <= tau.
+
+    See docs/mechanisms/sample_and_threshold.md for the derivation.
+    """
+    # At a released k > tau the likelihood ratio is (1 - s)(m + 1) / (m + 1 - k), so
+    # D_m = sum_{k > tau} P[Bin(m+1, s) = k] (1 - e^eps (m + 1 - k) / ((1 - s)(m + 1)))_+; the
+    # suppressed output never contributes. The Chernoff bound on Bin(m+1, s) exceeding
+    # (m+1)(1 - (1 - s) e^-eps) bounds every later D_m: the scan stops once it is below the
+    # largest D_m seen, or adds it after the row cap.
+    s = rate
+    if epsilon <= 0:
+        return 1.0
+    bad_fraction = 1 - (1 - s) * math.exp(-epsilon)
+    kl = kl_bernoulli(bad_fraction, s)
+    if kl < 1e-9:
+        return 1.0
+    e = math.exp(epsilon)
+    worst = 0.0
+    row = np.array([1.0])  # P[Bin(size, s) = k], k = 0..size, advanced by one trial per step
+    for size in range(1, threshold + _ST_MAX_ROWS + 2):
+        row = np.concatenate((row * (1 - s), [0.0])) + np.concatenate(([0.0], row * s))
+        start = max(threshold + 1, math.floor(size * bad_fraction))
+        if start <= size:  # m = size - 1 >= threshold
+            ks = np.arange(start, size + 1, dtype=np.float64)
+            factor = np.clip(1 - e * (size - ks) / ((1 - s) * size), 0.0, None)
+            worst = max(worst, float(np.dot(row[start:], factor)))
+        beyond = math.exp(-(size + 1) * kl)  # bounds D_m' for every m' > size - 1
+        if size > threshold and beyond <= worst:
+            break
+    else:
+        worst = max(worst, beyond)
+    return min(1.0, worst * _SAFETY + 1e-300)
+
+
+@functools.lru_cache(maxsize=256)
+def sample_threshold_guarantee(rate: float, threshold: int, delta: float) -> AmplificationBound:
+    """(eps_add + ln(1/(1-s)), delta) for the released histogram under replacement neighbours.
+
+    One bucket gains the user (profile above), the other loses it (pure ln(1/(1-s))): composed.
+    """
+    _check_delta(delta)
+    if not 0 < rate < 1 or threshold < 0:
+        return not_applicable(SAMPLE_THRESHOLD, f"sample rate {rate} / threshold {threshold} out of range")
+    if rate ** (threshold + 1) > delta:
+        return not_applicable(
+            SAMPLE_THRESHOLD, f"s^(tau+1) = {rate ** (threshold + 1):.3g} > delta: all tau+1 sampled"
+        )
+
+    def profile(eps: float) -> float:
+        return sample_threshold_add_delta(rate, threshold, eps)
+
+    upper = 0.25
+    while profile(upper) > delta:
+        upper *= 2
+        if upper > 64:
+            return not_applicable(SAMPLE_THRESHOLD, f"no epsilon below 64 reaches delta={delta:g}")
+    eps_add = search_epsilon(profile, delta, upper)
+    removal = -math.log1p(-rate)
+    note = (
+        f"released histogram only (suppressed counts and the raw sampled counts are the aggregator's);"
+        f" eps = {eps_add:.4g} (bucket gaining the user) + ln(1/(1-s)) = {removal:.4g} (bucket losing it)"
+    )
+    return AmplificationBound(eps_add + removal, delta, SAMPLE_THRESHOLD, True, note)
+
+
+# =========================================================================== multi-message sum
+
+_LOG_TAIL: Final = 60.0
+SHARE_BOUND_MAX_N: Final = 3000
+
+
+@functools.lru_cache(maxsize=64)
+def binomial_difference(n: int, p: float) -> tuple[int, np.ndarray, float]:
+    """(offset, pmf, neglected): P[W = offset + i] for W = Bin(n, p) - Bin(n, p), windowed."""
+    lo, hi, neglected = chernoff_window(n, p, _LOG_TAIL)
+    single = pmf_run(lo, hi - lo + 1, n, p)
+    pmf = np.convolve(single, single[::-1])
+    return lo - hi, pmf, min(1.0, 2 * neglected)
+
+
+def noise_delta(n: int, p: float, epsilon: float) -> float:
+    """D_{e^eps}(S + 1 + W || S + W) for W = Bin(n, p) - Bin(n, p) (symmetric: both directions)."""
+    if n == 0 or p == 0:
+        return 1.0
+    _, pmf, neglected = binomial_difference(n, p)
+    shifted = np.concatenate(([0.0], pmf))  # P[W = w - 1] aligned with P[W = w]
+    here = np.concatenate((pmf, [0.0]))
+    hockey = float(np.clip(shifted - math.exp(epsilon) * here, 0.0, None).sum())
+    return min(1.0, hockey * _SAFETY + neglected + 1e-300)
+
+
+@functools.lru_cache(maxsize=256)
+def share_hiding_distance(n: int, m: int, q: int) -> float:
+    """Bound on sup_v TV(shuffled shares of v, uniform shares with the same sum), at min(n, 3000).
+
+    Derivation in docs/mechanisms/multi_message_sum.md; the distance cannot grow with n.
+    """
+    # TV <= sqrt(chi^2) / 2, chi^2 <= E[q^(C - 1)] - 1 (C: components of two random partitions
+    # of the n m messages into n blocks of m) <= Phi(n) - 1, Phi(1) = 1,
+    # Phi(j) = 1 + (q - 1) sum_k w(j, k) Phi(j - k), w(j, k) = C(j-1, k) C(j, k) / C(jm, km).
+    n = min(n, SHARE_BOUND_MAX_N)
+    if n < 2:
+        return 1.0
+    if m < 2:
+        return 1.0
+    total = n * m
+    log_fact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, total + 1, dtype=np.float64)))))
+
+    def log_choose(a: np.ndarray | int, b: np.ndarray) -> np.ndarray:
+        return np.asarray(log_fact[a] - log_fact[b] - log_fact[np.asarray(a) - b], dtype=np.float64)
+
+    log_q1 = math.log(q - 1)
+    log_phi = np.zeros(n + 1)
+    log_excess = -math.inf
+    for j in range(2, n + 1):
+        k = np.arange(1, j)
+        terms = log_choose(j - 1, k) + log_choose(j, k) - log_choose(j * m, k * m) + log_phi[j - k]
+        top = float(terms.max())
+        log_excess = log_q1 + top + math.log(float(np.exp(terms - top).sum()))
+        log_phi[j] = float(np.logaddexp(0.0, log_excess))
+    chi2 = math.exp(min(log_excess, 0.0)) * _SAFETY
+    return min(1.0, 0.5 * math.sqrt(chi2))
+
+
+def multi_sum_delta(n: int, p: float, m: int, q: int, epsilon: float) -> float:
+    """delta of the whole view at eps: noise profile + (1 + e^eps) x share-hiding distance."""
+    return min(1.0, noise_delta(n, p, epsilon) + (1 + math.exp(epsilon)) * share_hiding_distance(n, m, q))
+
+
+@functools.lru_cache(maxsize=256)
+def multi_sum_guarantee(n: int, p: float, m: int, q: int, delta: float) -> AmplificationBound:
+    """Smallest eps with multi_sum_delta <= delta (the noise term falls with eps, the share term rises)."""
+    _check_delta(delta)
+    if n < 1:
+        return not_applicable(MULTI_SUM, "no devices")
+    eta = share_hiding_distance(n, m, q)
+    if 2 * eta >= delta:
+        return not_applicable(
+            MULTI_SUM, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
+        )
+
+    def total(eps: float) -> float:
+        return multi_sum_delta(n, p, m, q, eps)
+
+    previous, upper = 0.0, 1 / 64
+    while total(upper) > delta:
+        previous, upper = upper, upper * 1.25
+        if upper > 50:
+            return not_applicable(MULTI_SUM, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
+    if previous > 0 or total(0.0) > delta:
+        for _ in range(60):  # total(previous) > delta >= total(upper); the crossing lies between
+            mid = (previous + upper) / 2
+            if total(mid) <= delta:
+                upper = mid
+            else:
+                previous = mid
+            if upper - previous <= 1e-9 * upper:
+                break
+    else:
+        upper = 0.0
+    note = (
+        f"noise Bin(n,p)-Bin(n,p), p={p:.6g}, n={n}: delta_noise={noise_delta(n, p, upper):.3g};"
+        f" split-and-mix m={m}, q={q}: TV <= {eta:.3g} (x (1 + e^eps))"
+    )
+    return AmplificationBound(upper, delta, MULTI_SUM, True, note)

@@ -1,0 +1,264 @@
+"""Multi-message binary summation ("split and mix", Ishai et al. 2006; Balle, Bell, Gascon, Nissim 2019/2020).
+
+Each device adds its share of distributed noise, z = b - b' with b, b' ~ Bernoulli(p) exact
+from the CSPRNG, so the total noise is W = Bin(n, p) - Bin(n, p) (symmetric, mean 0, variance
+2 n p (1 - p); Skellam/Gaussian-like rather than discrete Laplace, because that is what can be
+sampled exactly with constant work), and splits v = (x + z) mod q into m uniformly random
+additive shares in Z_q, each a separate message, plus one constant presence message. The
+aggregator sums all shares mod q and centres around n/2: the estimate S + W is exactly
+unbiased. epsilon0 is the central target at ``expected_n``; delta covers the noise profile and
+(1 + e^eps) times the share-hiding distance (``accounting.protocols.multi_sum_guarantee``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from deniable.core.accounting.protocols import (
+    GRID,
+    multi_sum_guarantee,
+    share_hiding_distance,
+)
+from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.mechanisms.base import Estimate, FloatArray, LocalRandomiser, Tally, normal_estimates
+from deniable.core.mechanisms.sample_threshold import (
+    DEFAULT_DELTA,
+    int_param,
+    pack_many,
+    probability_param,
+    unpack_many,
+    width_for,
+)
+from deniable.core.rng import Csprng, default_rng
+from deniable.v1 import deniable_pb2 as pb
+
+PRESENCE, SHARE = 0, 1  # message tags
+MAX_MODULUS = 1 << 40  # per-batch share sums (< q) add up in 64-bit count cells
+MAX_MESSAGES = 64
+MAX_EXACT_OUTPUTS = 1 << 16
+_SHARE_BUDGET = 0.1  # by default the share-hiding term may use a tenth of delta
+
+
+def default_modulus(expected_n: int) -> int:
+    """2**ceil(log2(8 n + 4096)): room for 8x the expected devices plus the noise."""
+    return 1 << (8 * expected_n + 4096 - 1).bit_length()
+
+
+class MultiMessageSum(LocalRandomiser):
+    """(x + Bern(p) - Bern(p)) mod q in m additive shares + a presence message; the sum is unbiased."""
+
+    name = "multi_message_sum"
+    proto = pb.MULTI_MESSAGE_SUM
+    summary = "multi-message sum: x + Bern(p) - Bern(p) split into m shares mod q; near-central accuracy"
+    multi_message = True
+    local_privacy = False
+
+    def __init__(
+        self,
+        epsilon0: float,
+        domain_size: int = 2,
+        expected_n: float = 0.0,
+        delta: float = DEFAULT_DELTA,
+        messages: float | None = None,
+        modulus: float | None = None,
+        noise_probability: float | None = None,
+    ) -> None:
+        """epsilon0: central target at expected_n; m, q and p are chosen unless given."""
+        if domain_size != 2:
+            raise ValueError("multi_message_sum sums bits: a domain of exactly 2 values")
+        super().__init__(epsilon0, domain_size)
+        self.expected_n = int_param(expected_n, "expected_n", 2, 1 << 32)
+        self.delta = probability_param(delta, "delta")
+        self.modulus = (
+            default_modulus(self.expected_n)
+            if modulus is None
+            else int_param(modulus, "modulus", 3, MAX_MODULUS)
+        )
+        if messages is None:
+            self.messages = self._fewest_messages()
+        else:
+            self.messages = int_param(messages, "messages", 2, MAX_MESSAGES)
+        if noise_probability is None:
+            numerator = self._smallest_noise()
+        else:
+            p = Fraction(float(noise_probability))
+            if not 0 < p <= Fraction(1, 2):
+                raise ValueError(f"noise_probability must lie in (0, 1/2], got {noise_probability!r}")
+            numerator = -((-p.numerator * GRID) // p.denominator)
+        self.noise = Fraction(numerator, GRID)
+
+    # ----------------------------------------------------------------------- parameters
+
+    def _fewest_messages(self) -> int:
+        budget = _SHARE_BUDGET * self.delta / (1 + math.exp(self.epsilon0))
+        for m in range(2, MAX_MESSAGES + 1):
+            if share_hiding_distance(self.expected_n, m, self.modulus) <= budget:
+                return m
+        raise ValueError(f"no m <= {MAX_MESSAGES} hides the shares well enough for delta={self.delta:g}")
+
+    def _meets(self, numerator: int) -> bool:
+        bound = multi_sum_guarantee(
+            self.expected_n, numerator / GRID, self.messages, self.modulus, self.delta
+        )
+        return bound.amplified and bound.epsilon <= self.epsilon0
+
+    def _smallest_noise(self) -> int:
+        """Smallest p = g / 2**52 (to 1/128 relative) whose guarantee at expected_n meets epsilon0."""
+        half = GRID // 2
+        if not self._meets(half):
+            raise ValueError(
+                f"even p = 1/2 does not reach epsilon0={self.epsilon0:g} at expected_n={self.expected_n}"
+            )
+        lo_e, hi_e = 0, GRID.bit_length() - 2  # 2**hi_e = 1/2 meets the target
+        if self._meets(1):
+            return 1
+        while hi_e - lo_e > 1:
+            mid = (lo_e + hi_e) // 2
+            if self._meets(1 << mid):
+                hi_e = mid
+            else:
+                lo_e = mid
+        lo, hi = 1 << lo_e, 1 << hi_e
+        while hi - lo > max(1, hi >> 7):
+            mid = (lo + hi) // 2
+            if self._meets(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def parameters(self) -> dict[str, float]:
+        return {
+            "expected_n": float(self.expected_n),
+            "delta": self.delta,
+            "messages": float(self.messages),
+            "modulus": float(self.modulus),
+            "noise_probability": float(self.noise),
+        }
+
+    def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
+        """Noise profile at the real n plus (1 + e^eps) x the split-and-mix distance."""
+        return multi_sum_guarantee(int(n), float(self.noise), self.messages, self.modulus, delta)
+
+    @property
+    def noise_variance_per_device(self) -> float:
+        """Var[Bern(p) - Bern(p)] = 2 p (1 - p); the total noise variance is n times this."""
+        p = float(self.noise)
+        return 2 * p * (1 - p)
+
+    # ----------------------------------------------------------------------- messages
+
+    @property
+    def payload_length(self) -> int:
+        return 1 + width_for(self.modulus - 1)
+
+    @property
+    def count_cells(self) -> int:
+        return 3  # presence messages, share messages, sum of shares mod q (per batch)
+
+    def devices(self, counts: Sequence[int], messages: int) -> int:
+        """The number of presence messages: one per device."""
+        return int(counts[0])
+
+    def _pack(self, tags: np.ndarray, values: np.ndarray) -> list[bytes]:
+        width = self.payload_length
+        return pack_many(
+            tags.astype(np.uint64) << np.uint64(8 * (width - 1)) | values.astype(np.uint64), width
+        )
+
+    def _payloads(self, shares: np.ndarray) -> list[bytes]:
+        """Each row: its m shares, then the presence message, back to back."""
+        rows, m = shares.shape
+        tags = np.concatenate((np.full((rows, m), SHARE), np.full((rows, 1), PRESENCE)), axis=1)
+        values = np.concatenate((shares, np.zeros((rows, 1), dtype=np.int64)), axis=1)
+        flat = self._pack(tags.ravel(), values.ravel())
+        step = m + 1
+        return [b"".join(flat[i : i + step]) for i in range(0, len(flat), step)]
+
+    def _share(self, values: np.ndarray, rng: Csprng) -> np.ndarray:
+        """m shares per value: m - 1 uniform in Z_q, the last completing the sum mod q."""
+        q, m = self.modulus, self.messages
+        noise = rng.bernoulli_array(self.noise, 2 * values.size).reshape(2, values.size).astype(np.int64)
+        noisy = (values + noise[0] - noise[1]) % q
+        free = rng.randbelow_array(q, values.size * (m - 1)).reshape(values.size, m - 1)
+        last = (noisy - free.sum(axis=1)) % q
+        return np.concatenate((free, last[:, None]), axis=1)
+
+    def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
+        self.check_value(value)
+        return self._payloads(self._share(np.array([int(value)], dtype=np.int64), rng or default_rng()))[0]
+
+    def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
+        for value in values:
+            self.check_value(value)
+        array = np.asarray([int(v) for v in values], dtype=np.int64)
+        if array.size == 0:
+            return []
+        return self._payloads(self._share(array, rng or default_rng()))
+
+    def output_distribution(self, value: int) -> dict[bytes, Fraction]:
+        self.check_value(value)
+        q, m, p = self.modulus, self.messages, self.noise
+        if 3 * q ** (m - 1) > MAX_EXACT_OUTPUTS:
+            raise ValueError("the exact law enumerates 3 q^(m-1) payloads: too many for these parameters")
+        noise_law = {-1: p * (1 - p), 0: p * p + (1 - p) * (1 - p), 1: p * (1 - p)}
+        law: dict[bytes, Fraction] = {}
+        for z, pz in noise_law.items():
+            for free in itertools.product(range(q), repeat=m - 1):
+                last = (int(value) + z - sum(free)) % q
+                payload = self._payloads(np.array([[*free, last]], dtype=np.int64))[0]
+                law[payload] = law.get(payload, Fraction(0)) + pz / q ** (m - 1)
+        return law
+
+    def tally(self, payloads: Sequence[bytes]) -> Tally:
+        width = self.payload_length
+        words, bad_length = unpack_many(payloads, width)
+        tags = words >> (8 * (width - 1))
+        values = words & ((1 << (8 * (width - 1))) - 1)
+        presence = (tags == PRESENCE) & (values == 0)
+        share = (tags == SHARE) & (values < self.modulus)
+        invalid = bad_length | ~(presence | share)
+        ok_share = share & ~invalid
+        counts = np.array(
+            [
+                int((presence & ~invalid).sum()),
+                int(ok_share.sum()),
+                int(values[ok_share].sum() % self.modulus),
+            ],
+            dtype=np.int64,
+        )
+        return Tally(counts=counts, invalid=invalid)
+
+    # ----------------------------------------------------------------------- estimator
+
+    def decode(self, counts: Sequence[int], n: int) -> int:
+        """S + W: the share total mod q, represented in [n/2 - q/2, n/2 + q/2)."""
+        if len(counts) != self.count_cells:
+            raise ValueError(f"expected {self.count_cells} counts, got {len(counts)}")
+        presence, shares, total = (int(c) for c in counts)
+        if shares != self.messages * presence or presence != n:
+            raise ValueError(
+                f"{shares} shares from {presence} devices (n={n}): with m={self.messages} some shares are"
+                " missing or extra, and the sum mod q cannot be recovered"
+            )
+        margin = 2 * (12 * math.sqrt(n * self.noise_variance_per_device) + 64)
+        if n + margin >= self.modulus:
+            raise ValueError(f"modulus {self.modulus} is too small to decode the sum of {n} devices")
+        low = n // 2 - self.modulus // 2
+        return low + (total - low) % self.modulus
+
+    def estimate(self, counts: Sequence[int], n: int, confidence: float = 0.95) -> list[Estimate]:
+        """Exactly unbiased: ones = S + W, zeros = n - (S + W); both with variance 2 n p (1 - p)."""
+        ones = self.decode(counts, n)
+        estimates = np.array([n - ones, ones], dtype=np.float64)
+        raw = [max(0, n - ones), max(0, ones)]
+        return normal_estimates(raw, estimates, self.variance(estimates, n), confidence)
+
+    def variance(self, true_counts: Sequence[float] | FloatArray, n: int) -> FloatArray:
+        """Var[W] = 2 n p (1 - p) for both buckets, whatever the truth."""
+        return np.full(len(true_counts), n * self.noise_variance_per_device, dtype=np.float64)
