@@ -56,19 +56,28 @@ class Csprng:
         self._rekey()
 
     def bytes(self, count: int) -> bytes:
-        """Return ``count`` uniformly random bytes."""
+        """Return ``count`` uniformly random bytes.
+
+        Small requests come from a 64 KiB keystream buffer; a large one takes what the buffer
+        holds and then exactly the rest of the keystream in one cipher call. The stream is the
+        same either way (ChaCha20 continues across calls), only the copying differs.
+        """
         if count < 0:
             raise ValueError("count must be non-negative")
         with self._lock:
-            out = bytearray()
-            while len(out) < count:
-                if self._offset >= len(self._buffer):
-                    self._buffer = self._encryptor.update(_ZERO_BLOCK)
-                    self._offset = 0
-                take = min(count - len(out), len(self._buffer) - self._offset)
-                out += self._buffer[self._offset : self._offset + take]
-                self._offset += take
-            return bytes(out)
+            available = len(self._buffer) - self._offset
+            if count <= available:
+                start = self._offset
+                self._offset += count
+                return self._buffer[start : self._offset]
+            head = self._buffer[self._offset :]
+            rest = count - available
+            if rest >= _BUFFER_BYTES:
+                self._buffer, self._offset = b"", 0
+                return head + self._encryptor.update(bytes(rest))
+            self._buffer = self._encryptor.update(_ZERO_BLOCK)
+            self._offset = rest
+            return head + self._buffer[:rest]
 
     def randbits(self, bits: int) -> int:
         """Uniform integer in [0, 2**bits)."""
