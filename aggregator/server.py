@@ -87,6 +87,19 @@ def _prepare_data_dir(data_dir: Path) -> None:
         raise ConfigurationError(f"data directory {data_dir} is not writable: {exc}") from exc
 
 
+def default_decrypt_workers() -> int:
+    """One decryption process per core this process may use: what a service should run.
+
+    HPKE decryption holds the interpreter lock, so only processes add throughput; the library
+    default (``AggregatorConfig.decrypt_workers = 0``, a thread) keeps tests and embedded use free
+    of the pool's start-up cost.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _decrypt_pool(workers: int) -> Executor | None:
     """A process pool (spawned, never forked from a process running gRPC) or None for threads."""
     if workers < 0:

@@ -28,6 +28,7 @@ DeviceCount = Callable[[Sequence[int], int], int]  # (count cells of a batch, me
 
 DUPLICATE_REPORT: Final = int(pb.DUPLICATE_REPORT)
 SCHEMA_VERSION: Final = 1
+PAGE_CACHE_KIB: Final = 64 * 1024
 
 
 class StoreError(Exception):
@@ -163,6 +164,14 @@ CREATE TABLE IF NOT EXISTS seen_reports (
 """
 
 
+_INSERT_IDS_FROM_BLOB: Final = (
+    "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1)"
+    " INSERT OR IGNORE INTO seen_reports (campaign, report_id)"
+    " SELECT ?2, substr(?4, i * ?3 + 1, ?3) FROM n"
+)
+"""Insert report ids packed in one blob; parameters: count, campaign, width of an id, blob."""
+
+
 class SqliteAggregatorStore:
     """The embedded store: one SQLite file in WAL mode, fsync on every commit."""
 
@@ -178,6 +187,8 @@ class SqliteAggregatorStore:
                 )
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            # Report-id look-ups land all over seen_reports: a larger page cache keeps them in memory.
+            self._db.execute(f"PRAGMA cache_size = -{PAGE_CACHE_KIB}")
             self._db.execute(
                 "CREATE TEMP TABLE IF NOT EXISTS incoming (report_id BLOB PRIMARY KEY) WITHOUT ROWID"
             )
@@ -286,22 +297,39 @@ class SqliteAggregatorStore:
                 unique.setdefault(report_id, payload)
             duplicates = len(valid_reports) - len(unique)
 
-            # Repeats of earlier batches: one set-based lookup through a temp table.
-            db.execute("DELETE FROM incoming")
-            db.executemany("INSERT INTO incoming (report_id) VALUES (?)", ((rid,) for rid in unique))
-            known = db.execute(
-                "SELECT i.report_id FROM incoming i JOIN seen_reports s"
-                " ON s.campaign = ? AND s.report_id = i.report_id",
-                (seq,),
-            ).fetchall()
-            for (report_id,) in known:
-                del unique[bytes(report_id)]
-            duplicates += len(known)
-            db.execute(
-                "INSERT OR IGNORE INTO seen_reports (campaign, report_id) SELECT ?, report_id FROM incoming",
-                (seq,),
-            )
-            db.execute("DELETE FROM incoming")
+            # Repeats of earlier batches. Usually there are none: insert every id and check that
+            # each one was new; only if some were not, undo and find them through a temp table.
+            db.execute("SAVEPOINT fresh_ids")
+            before = db.total_changes
+            if unique:  # one statement over one blob of sorted ids: no Python per id, B-tree in order
+                ids = sorted(unique)
+                width = len(ids[0])
+                if all(len(rid) == width for rid in ids):
+                    db.execute(_INSERT_IDS_FROM_BLOB, (len(ids), seq, width, b"".join(ids)))
+                else:
+                    db.executemany(
+                        "INSERT OR IGNORE INTO seen_reports (campaign, report_id) VALUES (?, ?)",
+                        ((seq, rid) for rid in ids),
+                    )
+            if db.total_changes - before != len(unique):
+                db.execute("ROLLBACK TO fresh_ids")
+                db.execute("DELETE FROM incoming")
+                db.executemany("INSERT INTO incoming (report_id) VALUES (?)", ((rid,) for rid in unique))
+                known = db.execute(
+                    "SELECT i.report_id FROM incoming i JOIN seen_reports s"
+                    " ON s.campaign = ? AND s.report_id = i.report_id",
+                    (seq,),
+                ).fetchall()
+                for (report_id,) in known:
+                    del unique[bytes(report_id)]
+                duplicates += len(known)
+                db.execute(
+                    "INSERT OR IGNORE INTO seen_reports (campaign, report_id)"
+                    " SELECT ?, report_id FROM incoming",
+                    (seq,),
+                )
+                db.execute("DELETE FROM incoming")
+            db.execute("RELEASE fresh_ids")
 
             payloads = list(unique.values())
             counted = len(payloads)

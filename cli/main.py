@@ -91,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     agg_serve = aggregator.add_parser("serve", help="run the aggregator until SIGTERM")
     agg_serve.add_argument("--listen", default=DEFAULT_AGGREGATOR)
     agg_serve.add_argument("--data-dir", type=Path, required=True)
-    agg_serve.add_argument("--decrypt-workers", type=int, default=0, help="decryption processes (0: threads)")
+    agg_serve.add_argument(
+        "--decrypt-workers",
+        type=int,
+        default=None,
+        help="decryption processes (default: one per core; 0: no pool, a thread)",
+    )
     agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
 
     shuffler = sub.add_parser("shuffler", help="the shuffler service").add_subparsers(
@@ -224,13 +229,16 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "aggregator":
         from deniable.aggregator import AggregatorConfig, serve_aggregator
+        from deniable.aggregator.server import default_decrypt_workers
 
         asyncio.run(
             serve_aggregator(
                 AggregatorConfig(
                     data_dir=args.data_dir,
                     listen=args.listen,
-                    decrypt_workers=args.decrypt_workers,
+                    decrypt_workers=(
+                        default_decrypt_workers() if args.decrypt_workers is None else args.decrypt_workers
+                    ),
                     metrics_port=args.metrics_port,
                 )
             )

@@ -17,6 +17,7 @@ from typing import Final
 from deniable.core.rng import default_rng
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.errors import Unavailable
+from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.spool import Permutation, SpoolStore
 
 log = logging.getLogger("deniable.shuffler.batcher")
@@ -99,11 +100,18 @@ class Batcher:
                 if plan is None:
                     held += entry.pending
                     continue
-                records = await asyncio.to_thread(
-                    self._store.form_batches, entry.campaign_id, plan, self._permutation
-                )
-                formed += len(records)
-                batched += sum(len(r.reports) for r in records)
+                if isinstance(self._store, SegmentSpool):  # sizes only: no envelope per report
+                    fast = await asyncio.to_thread(
+                        self._store.form_batch_sizes, entry.campaign_id, plan, self._permutation
+                    )
+                    formed += len(fast)
+                    batched += sum(b.report_count for b in fast)
+                else:
+                    records = await asyncio.to_thread(
+                        self._store.form_batches, entry.campaign_id, plan, self._permutation
+                    )
+                    formed += len(records)
+                    batched += sum(len(r.reports) for r in records)
                 held += await asyncio.to_thread(self._store.pending_count, entry.campaign_id)
             if formed:
                 await asyncio.to_thread(self._store.scrub)

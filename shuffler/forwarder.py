@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -19,6 +19,7 @@ import grpc
 from deniable.core.rng import Csprng, default_rng
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.spool import BatchRecord, CampaignSpoolStats, SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -85,6 +86,26 @@ class Backoff:
         self.not_before = -float("inf")
 
 
+RawIngest = Callable[..., Awaitable[pb.IngestBatchResponse]]
+"""IngestBatch on a channel, taking the request already serialised: ``await raw(wire, timeout=...)``."""
+INGEST_METHOD: Final = "/deniable.v1.Aggregator/IngestBatch"
+DEFAULT_WINDOW: Final = 2
+"""Batches in flight to the aggregator at once."""
+
+
+def raw_ingest_callable(channel: grpc.aio.Channel) -> RawIngest:
+    """IngestBatch sending pre-serialised ``ShuffledBatch`` bytes as they are."""
+
+    def identity(wire: bytes) -> bytes:
+        return wire
+
+    return channel.unary_unary(
+        INGEST_METHOD,
+        request_serializer=identity,
+        response_deserializer=pb.IngestBatchResponse.FromString,
+    )
+
+
 def shuffled_batch(record: BatchRecord) -> pb.ShuffledBatch:
     """The wire form of a batch: id, campaign, reports in the stored permuted order, digest."""
     message = pb.ShuffledBatch(batch_id=record.batch_id, campaign_id=record.campaign_id, digest=record.digest)
@@ -108,8 +129,19 @@ class Forwarder:
         retry_base_s: float = 0.5,
         retry_max_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        raw_ingest: RawIngest | None = None,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
-        """``deadline_s`` bounds one IngestBatch call; retries back off from ``retry_base_s``."""
+        """``deadline_s`` bounds one IngestBatch call; retries back off from ``retry_base_s``.
+
+        ``raw_ingest`` (IngestBatch taking serialised bytes, see ``raw_ingest_callable``) lets a
+        ``SegmentSpool`` send the batch bytes it builds itself. ``window`` batches may be in
+        flight at once (1: strictly one after the other).
+        """
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self._raw_ingest = raw_ingest
+        self._window = window
         self._store = store
         self._upstream = upstream
         self._metrics = metrics
@@ -136,22 +168,37 @@ class Forwarder:
         for stale in set(self._batch_backoff) - set(batch_ids):
             if not campaign_id:
                 del self._batch_backoff[stale]
-        for batch_id in batch_ids:
-            own = self._batch_backoff.get(batch_id)
-            if own is not None and not force and not own.ready():
+        due = [
+            batch_id
+            for batch_id in batch_ids
+            if force or (own := self._batch_backoff.get(batch_id)) is None or own.ready()
+        ]
+        # Up to ``window`` batches in flight: the aggregator decrypts one while it parses, checks
+        # and stores the other, instead of leaving its decryption workers idle in between.
+        slots = asyncio.Semaphore(self._window)
+        unreachable: grpc.StatusCode | None = None
+
+        async def attempt(batch_id: str) -> tuple[int | None, grpc.StatusCode | None]:
+            nonlocal unreachable
+            async with slots:  # FIFO: batches start in order, the next as soon as one is answered
+                if unreachable is not None:
+                    return None, None  # not tried: the aggregator looks unreachable
+                size, code = await self._attempt(batch_id)
+                if code is not None and code not in _BATCH_SPECIFIC_CODES:
+                    unreachable = unreachable or code
+                return size, code
+
+        outcomes = await asyncio.gather(*(attempt(batch_id) for batch_id in due))
+        for batch_id, (size, code) in zip(due, outcomes, strict=True):
+            if size is None:  # gone meanwhile
                 continue
-            record = await asyncio.to_thread(self._store.load_batch, batch_id)
-            if record is None:
-                continue
-            code = await self._send(record)
             if code is None:
-                await asyncio.to_thread(self._store.delete_batch, batch_id)
                 self._batch_backoff.pop(batch_id, None)
                 self._upstream_backoff.succeeded()
                 self._metrics.batches_forwarded.inc()
-                self._metrics.reports_forwarded.inc(len(record.reports))
+                self._metrics.reports_forwarded.inc(size)
                 batches += 1
-                reports += len(record.reports)
+                reports += size
                 continue
             failures += 1
             self._metrics.forward_failures.inc()
@@ -162,13 +209,31 @@ class Forwarder:
                     extra={"batch_id": batch_id, "code": code.name, "retry_in_s": round(delay, 3)},
                 )
                 continue
+        if unreachable is not None:
             delay = self._upstream_backoff.failed()
             log.warning(
                 "forwarding failed; batches kept, retried later",
-                extra={"code": code.name, "retry_in_s": round(delay, 3)},
+                extra={"code": unreachable.name, "retry_in_s": round(delay, 3)},
             )
-            break
         return ForwardResult(batches, reports, failures)
+
+    async def _attempt(self, batch_id: str) -> tuple[int | None, grpc.StatusCode | None]:
+        """Load and send one batch, delete it once acknowledged: (reports or None if gone, failure)."""
+        if self._raw_ingest is not None and isinstance(self._store, SegmentSpool):
+            wire = await asyncio.to_thread(self._store.load_wire, batch_id)
+            if wire is None:
+                return None, None
+            size = wire[1]
+            code = await self._send_wire(batch_id, wire[0])
+        else:
+            record = await asyncio.to_thread(self._store.load_batch, batch_id)
+            if record is None:
+                return None, None
+            size = len(record.reports)
+            code = await self._send(record)
+        if code is None:
+            await asyncio.to_thread(self._store.delete_batch, batch_id)
+        return size, code
 
     async def _send(self, record: BatchRecord) -> grpc.StatusCode | None:
         """None if the aggregator acknowledged the batch, else the failure's status code."""
@@ -178,8 +243,21 @@ class Forwarder:
             )
         except grpc.aio.AioRpcError as exc:
             return exc.code()
-        if response.batch_id and response.batch_id != record.batch_id:
-            log.error("aggregator acknowledged another batch id", extra={"batch_id": record.batch_id})
+        return self._check_ack(record.batch_id, response)
+
+    async def _send_wire(self, batch_id: str, wire: bytes) -> grpc.StatusCode | None:
+        """``_send`` of a batch already serialised by the spool (no protobuf work per report)."""
+        assert self._raw_ingest is not None
+        try:
+            response: pb.IngestBatchResponse = await self._raw_ingest(wire, timeout=self._deadline_s)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        return self._check_ack(batch_id, response)
+
+    @staticmethod
+    def _check_ack(batch_id: str, response: pb.IngestBatchResponse) -> grpc.StatusCode | None:
+        if response.batch_id and response.batch_id != batch_id:
+            log.error("aggregator acknowledged another batch id", extra={"batch_id": batch_id})
             return grpc.StatusCode.UNKNOWN
         return None
 

@@ -17,7 +17,8 @@ from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
 from deniable.shuffler.errors import InvalidRequest, NotFound, ShufflerError, Unavailable
 from deniable.shuffler.forwarder import Pipeline
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.spool import Envelope, SpoolStore
+from deniable.shuffler.segments import ColumnReports
+from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
 __all__ = ["InvalidRequest", "NotFound", "ShufflerError", "ShufflerHandlers", "Unavailable"]
@@ -74,42 +75,80 @@ class ShufflerHandlers:
         self._wall_clock = wall_clock
 
     async def submit(self, request: pb.SubmitReportsRequest) -> pb.SubmitReportsResponse:
-        """Validate every envelope, spool the accepted ones durably, list the rejected ones."""
+        """Validate every envelope, spool the accepted ones durably, list the rejected ones.
+
+        The checks are those of ``check_envelope``, made once per campaign and then as plain
+        comparisons per report; a rejected report gets ``check_envelope``'s reason and detail.
+        """
         reports = request.reports
         if not reports:
             raise InvalidRequest("the request holds no reports")
         if len(reports) > self._max_reports:
             raise InvalidRequest(f"{len(reports)} reports in one request; at most {self._max_reports}")
-        campaign_ids = {r.campaign_id for r in reports}
-        if len(campaign_ids) > MAX_CAMPAIGNS_PER_REQUEST:
+        campaign_ids = [r.campaign_id for r in reports]
+        first = campaign_ids[0]
+        distinct = {first} if campaign_ids.count(first) == len(campaign_ids) else set(campaign_ids)
+        if len(distinct) > MAX_CAMPAIGNS_PER_REQUEST:
             raise InvalidRequest(
-                f"{len(campaign_ids)} campaigns in one request; at most {MAX_CAMPAIGNS_PER_REQUEST}"
+                f"{len(distinct)} campaigns in one request; at most {MAX_CAMPAIGNS_PER_REQUEST}"
             )
-        campaigns = await self._resolve(campaign_ids)
+        campaigns = await self._resolve(distinct)
+        key_ids = [r.key_id for r in reports]
         # A key id the cached campaign does not know may mean a rotation: refresh (rate-limited) once.
-        rotated = {
-            r.campaign_id
-            for r in reports
-            if (c := campaigns[r.campaign_id]) is not None and r.key_id != c.key_id
-        }
-        for campaign_id in rotated:
+        expected_key = {c: campaign.key_id for c, campaign in campaigns.items() if campaign is not None}
+        if len(distinct) == 1:
+            want_key = expected_key.get(first)
+            mismatch = want_key is not None and key_ids.count(want_key) != len(key_ids)
+            rotated = {first} if mismatch else set()
+        else:
+            rotated = {
+                c
+                for c, k in zip(campaign_ids, key_ids, strict=True)
+                if c in expected_key and k != expected_key[c]
+            }
+        for campaign_id in sorted(rotated):
             campaigns[campaign_id] = await self.directory.refresh(campaign_id)
         now = self._wall_clock()
-        accepted: list[Envelope] = []
+        ciphertexts = [r.ciphertext for r in reports]
+        # Per campaign once: (key id, ciphertext length) every report must have, or None if refused.
+        expected: dict[str, tuple[int, int] | None] = {}
+        for campaign_id, campaign in campaigns.items():
+            closed = (
+                campaign is not None and bool(campaign.window_end_unix) and now >= campaign.window_end_unix
+            )
+            expected[campaign_id] = (
+                None if campaign is None or closed else (campaign.key_id, campaign.ciphertext_length)
+            )
+        accepted: dict[str, tuple[list[int], list[bytes]]] = {}
         response = pb.SubmitReportsResponse()
-        for index, report in enumerate(reports):
-            verdict = check_envelope(report, campaigns[report.campaign_id], now)
-            if verdict is None:
-                accepted.append(Envelope(report.campaign_id, report.key_id, report.ciphertext))
-            else:
+        only = expected.get(first) if len(distinct) == 1 else None
+        if (
+            only is not None
+            and key_ids.count(only[0]) == len(key_ids)
+            and set(map(len, ciphertexts)) == {only[1]}
+        ):
+            accepted[first] = (key_ids, ciphertexts)  # the usual request: every report fits
+        else:
+            for index, (campaign_id, key_id, ciphertext) in enumerate(
+                zip(campaign_ids, key_ids, ciphertexts, strict=True)
+            ):
+                want = expected[campaign_id]
+                if want is not None and key_id == want[0] and len(ciphertext) == want[1]:
+                    keys, texts = accepted.setdefault(campaign_id, ([], []))
+                    keys.append(key_id)
+                    texts.append(ciphertext)
+                    continue
+                verdict = check_envelope(reports[index], campaigns[campaign_id], now)
+                assert verdict is not None
                 response.rejected.add(index=index, reason=verdict[0], detail=verdict[1])
-        await asyncio.to_thread(self.store.append, accepted)
-        for campaign_id in {e.campaign_id for e in accepted}:
+        columns = ColumnReports([(c, keys, texts) for c, (keys, texts) in accepted.items()])
+        await asyncio.to_thread(self.store.append, columns)
+        for campaign_id in accepted:
             self._batcher.note_arrival(campaign_id)
-        response.accepted = len(accepted)
-        self._metrics.reports_accepted.inc(len(accepted))
-        for reason, count in Counter(r.reason for r in response.rejected).items():
-            self._metrics.reports_rejected.labels(reason=pb.RejectReason.Name(reason)).inc(count)
+        response.accepted = len(columns)
+        self._metrics.reports_accepted.inc(len(columns))
+        for reason, rejected in Counter(r.reason for r in response.rejected).items():
+            self._metrics.reports_rejected.labels(reason=pb.RejectReason.Name(reason)).inc(rejected)
         return response
 
     async def _resolve(self, campaign_ids: set[str]) -> dict[str, pb.Campaign | None]:

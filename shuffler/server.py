@@ -15,9 +15,10 @@ from deniable.core import service
 from deniable.core.errors import ConfigurationError
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
-from deniable.shuffler.forwarder import Forwarder, Pipeline
+from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
 from deniable.shuffler.spool import SqliteSpool
 from deniable.v1 import deniable_pb2 as pb
@@ -27,6 +28,12 @@ log = logging.getLogger("deniable.shuffler")
 
 SERVICE_NAME: Final = "deniable.v1.Shuffler"
 SPOOL_FILE: Final = "spool.sqlite3"
+SPOOLS: Final = ("segments", "rows")
+
+
+def open_spool(kind: str, path: Path) -> SqliteSpool | SegmentSpool:
+    """The spool implementation ``kind`` at ``path``."""
+    return SegmentSpool(path) if kind == "segments" else SqliteSpool(path)
 
 
 @dataclass
@@ -48,6 +55,10 @@ class ShufflerConfig:
     retry_max_s: float = 30.0
     campaign_refresh_s: float = 5.0
     campaign_ttl_s: float = 60.0
+    forward_window: int = 2
+    """Batches in flight to the aggregator at once (pipelining its parsing and decryption)."""
+    spool: str = "segments"
+    """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
 
 
 @dataclass
@@ -64,7 +75,7 @@ class RunningShuffler:
     _pipeline: Pipeline = field(repr=False)
     _directory: CampaignDirectory = field(repr=False)
     _channel: grpc.aio.Channel = field(repr=False)
-    _store: SqliteSpool = field(repr=False)
+    _store: SqliteSpool | SegmentSpool = field(repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
@@ -103,7 +114,9 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         config.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigurationError(f"cannot use data directory {config.data_dir}: {exc}") from exc
-    store = await asyncio.to_thread(SqliteSpool, config.data_dir / SPOOL_FILE)
+    if config.spool not in SPOOLS:
+        raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
+    store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
     metrics = ShufflerMetrics()
     channel = service.insecure_channel(config.upstream)
     server = service.new_server(config.max_message_bytes)
@@ -126,6 +139,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             deadline_s=config.forward_deadline_s,
             retry_base_s=config.retry_base_s,
             retry_max_s=config.retry_max_s,
+            raw_ingest=raw_ingest_callable(channel),
+            window=config.forward_window,
         )
         pipeline = Pipeline(store, batcher, forwarder, metrics, config.batch_interval_s)
         handlers = ShufflerHandlers(

@@ -9,11 +9,14 @@ and vanishes for binary RR.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 
 from deniable.core.mechanisms.base import (
     Estimate,
@@ -27,6 +30,8 @@ from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
 
 _OTHER_WEIGHT = 1 << 40
+_MAX_VECTOR_WEIGHT: Final = 1 << 62  # randbelow_array's limit; larger totals take the scalar path
+_PACK_TABLE_LIMIT: Final = 1 << 16  # domains up to this size pack through a table of payloads
 
 
 class DirectEncoding(LocalRandomiser):
@@ -45,6 +50,33 @@ class DirectEncoding(LocalRandomiser):
 
     def _pack(self, value: int) -> bytes:
         return value.to_bytes(self.payload_length, "big")
+
+    @functools.cached_property
+    def _payload_table(self) -> list[bytes]:
+        """Every payload of the domain, indexed by value (small domains only)."""
+        return [self._pack(v) for v in range(self.domain_size)]
+
+    def _values_array(self, values: Sequence[int]) -> npt.NDArray[np.int64]:
+        """The true values as int64, checked like ``check_value`` (ValueError outside the domain)."""
+        array = np.asarray(values)
+        if array.ndim != 1 or array.dtype.kind not in "iub":
+            for value in values:  # floats, objects, ...: the scalar check names the culprit
+                self.check_value(value)
+            array = np.asarray([int(v) for v in values], dtype=np.int64)
+        array = array.astype(np.int64)
+        if array.size and (int(array.min()) < 0 or int(array.max()) >= self.domain_size):
+            bad = array[(array < 0) | (array >= self.domain_size)][0]
+            self.check_value(int(bad))
+        return array
+
+    def _pack_many(self, chosen: npt.NDArray[np.int64]) -> list[bytes]:
+        """``_pack`` of every value (a shared table of the d payloads for small domains)."""
+        if self.domain_size <= _PACK_TABLE_LIMIT:
+            table = self._payload_table
+            return [table[v] for v in chosen.tolist()]
+        width = self.payload_length
+        raw = chosen.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - width :].tobytes()
+        return [raw[i : i + width] for i in range(0, len(raw), width)]
 
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:
         self.check_value(value)
@@ -104,6 +136,13 @@ class BinaryRandomisedResponse(DirectEncoding):
         flip = int(draw >= self._keep_threshold)
         return bytes((int(value) ^ flip,))
 
+    def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
+        """``randomise`` for many devices: the same 64-bit draw and threshold, one array at a time."""
+        truth = self._values_array(values)
+        draws = (rng or default_rng()).uint64_array(truth.size)
+        flip = (draws >= np.uint64(self._keep_threshold)).astype(np.int64)
+        return self._pack_many(truth ^ flip)
+
 
 class GeneralisedRandomisedResponse(DirectEncoding):
     """k-ary RR (GRR): keep w.p. e^eps0 / (e^eps0 + k - 1), else a uniform other value."""
@@ -131,3 +170,15 @@ class GeneralisedRandomisedResponse(DirectEncoding):
         other = other_index + int(other_index >= value)
         chosen = keep * value + (1 - keep) * other
         return self._pack(chosen)
+
+    def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
+        """``randomise`` for many devices: the same exact uniform draw below the total weight and the
+        same arithmetic selection, on arrays (scalar path when the weight exceeds 2**62)."""
+        if self._total_weight > _MAX_VECTOR_WEIGHT:
+            return super().randomise_many(values, rng)
+        truth = self._values_array(values)
+        draw = (rng or default_rng()).randbelow_array(self._total_weight, truth.size)
+        keep = draw < self._keep_weight
+        other_index = np.maximum(draw - self._keep_weight, 0) // _OTHER_WEIGHT
+        other = other_index + (other_index >= truth)
+        return self._pack_many(np.where(keep, truth, other))

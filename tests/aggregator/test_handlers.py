@@ -73,7 +73,10 @@ BAD_REQUESTS: dict[str, tuple[dict[str, Any], str]] = {
     "blank label": ({"labels": ["a", " "]}, "empty"),
     "repeated label": ({"labels": ["a", "b", "a"]}, "distinct"),
     "too many labels": ({"labels": [f"l{i}" for i in range(4097)]}, "at most 4096"),
-    "binary rr for categories": ({"mechanism": pb.BINARY_RR}, "binary_rr cannot serve this 3-category campaign"),
+    "binary rr for categories": (
+        {"mechanism": pb.BINARY_RR},
+        "binary_rr cannot serve this 3-category campaign",
+    ),
     "unknown mechanism": ({"mechanism": 99}, "not a known mechanism"),
     "zero epsilon": ({"epsilon0": 0.0}, "epsilon0"),
     "negative epsilon": ({"epsilon0": -1.0}, "epsilon0"),

@@ -278,6 +278,8 @@ def test_randomness_consumed_does_not_depend_on_the_value(name: str, k: int) -> 
 def test_registry_names_and_proto_mapping() -> None:
     assert {"binary_rr", "grr"} <= set(mechanisms.names())
     assert set(mechanisms.summaries()) == set(mechanisms.names())
+    wire_values = {value for value in pb.Mechanism.values() if value != pb.MECHANISM_UNSPECIFIED}
+    assert {mechanisms.proto_for_name(name) for name in mechanisms.names()} == wire_values
     assert mechanisms.name_for_proto(pb.BINARY_RR) == "binary_rr"
     assert mechanisms.name_for_proto(pb.GRR) == "grr"
     for name in mechanisms.names():
