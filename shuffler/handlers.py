@@ -12,11 +12,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Final
 
+from google.protobuf.message import DecodeError
+
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
 from deniable.shuffler.errors import InvalidRequest, NotFound, ShufflerError, Unavailable
 from deniable.shuffler.forwarder import Pipeline
 from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.rawsubmit import RawSubmit
 from deniable.shuffler.segments import ColumnReports
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
@@ -74,12 +77,22 @@ class ShufflerHandlers:
         self._max_reports = max_reports_per_request
         self._wall_clock = wall_clock
 
-    async def submit(self, request: pb.SubmitReportsRequest) -> pb.SubmitReportsResponse:
+    async def submit(self, request: pb.SubmitReportsRequest | RawSubmit) -> pb.SubmitReportsResponse:
         """Validate every envelope, spool the accepted ones durably, list the rejected ones.
 
         The checks are those of ``check_envelope``, made once per campaign and then as plain
         comparisons per report; a rejected report gets ``check_envelope``'s reason and detail.
+        A request still in bytes (``RawSubmit``) whose reports all fit one campaign is accepted
+        without parsing it report by report; any other goes the general way.
         """
+        if isinstance(request, RawSubmit):
+            uniform = await self._submit_uniform(request)
+            if uniform is not None:
+                return uniform
+            try:
+                request = request.parsed
+            except DecodeError:
+                raise InvalidRequest("the request is not a SubmitReportsRequest") from None
         reports = request.reports
         if not reports:
             raise InvalidRequest("the request holds no reports")
@@ -150,6 +163,34 @@ class ShufflerHandlers:
         for reason, rejected in Counter(r.reason for r in response.rejected).items():
             self._metrics.reports_rejected.labels(reason=pb.RejectReason.Name(reason)).inc(rejected)
         return response
+
+    async def _submit_uniform(self, request: RawSubmit) -> pb.SubmitReportsResponse | None:
+        """Accept a request of one campaign's well-formed reports as columns; None: not that shape.
+
+        Same checks as the general path (known campaign, its key id and ciphertext length, open
+        window, at most ``max_reports``), decided once for the whole request.
+        """
+        shape = request.uniform()
+        if shape is None:
+            return None
+        campaign_id, key_id, columns = shape
+        if not valid_campaign_id(campaign_id) or columns.count > self._max_reports:
+            return None  # the general path refuses it with its own words
+        try:
+            campaign = await self.directory.get(campaign_id)
+        except Unavailable:
+            return None  # the general path decides (and raises) as before
+        if (
+            campaign is None
+            or key_id != campaign.key_id
+            or int(columns.lengths[0]) != campaign.ciphertext_length
+            or (campaign.window_end_unix and self._wall_clock() >= campaign.window_end_unix)
+        ):
+            return None
+        await asyncio.to_thread(self.store.append, ColumnReports.of(campaign_id, columns))
+        self._batcher.note_arrival(campaign_id)
+        self._metrics.reports_accepted.inc(columns.count)
+        return pb.SubmitReportsResponse(accepted=columns.count)
 
     async def _resolve(self, campaign_ids: set[str]) -> dict[str, pb.Campaign | None]:
         """Look every distinct campaign up; Unavailable if any cannot be decided."""

@@ -18,6 +18,7 @@ from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.rawsubmit import RawSubmitInterceptor
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
 from deniable.shuffler.spool import SqliteSpool
@@ -119,7 +120,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
     metrics = ShufflerMetrics()
     channel = service.insecure_channel(config.upstream)
-    server = service.new_server(config.max_message_bytes)
+    server = service.new_server(config.max_message_bytes, interceptors=[RawSubmitInterceptor()])
     try:
         upstream = deniable_pb2_grpc.AggregatorStub(channel)
         directory = CampaignDirectory(

@@ -17,6 +17,7 @@ import grpc
 from deniable.shuffler.errors import InvalidRequest, NotFound, ShufflerError, Unavailable
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.rawsubmit import RawSubmit
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
 
@@ -41,9 +42,9 @@ class ShufflerServicer(deniable_pb2_grpc.ShufflerServicer):
         self._metrics = metrics
 
     async def SubmitReports(
-        self, request: pb.SubmitReportsRequest, context: Context
+        self, request: pb.SubmitReportsRequest | RawSubmit, context: Context
     ) -> pb.SubmitReportsResponse:
-        """Validate and durably spool envelopes."""
+        """Validate and durably spool envelopes (``RawSubmit``: the server's interceptor kept the bytes)."""
         return await self._call("SubmitReports", context, self._handlers.submit(request))
 
     async def GetCampaign(self, request: pb.GetCampaignRequest, context: Context) -> pb.Campaign:

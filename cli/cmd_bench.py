@@ -1,0 +1,92 @@
+"""``deniable bench``: throughput against the machine's ceiling, library comparison, memory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bench``."""
+    bench = sub.add_parser(
+        "bench",
+        help="measure throughput per stage and end to end against the machine's HPKE ceiling",
+        description=(
+            "Measures the decryption ceiling (HPKE on every core), each stage (device, shuffler"
+            " ingest, shuffler permute+forward, aggregator) and the pipeline end to end through"
+            " the real services on loopback, as reports/s and as a ratio to the ceiling."
+            " See docs/performance.md."
+        ),
+    )
+    bench.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every measurement")
+    bench.add_argument(
+        "--reports", type=_positive_int, default=None, help="reports per stage (default 200000)"
+    )
+    bench.add_argument(
+        "--workers", type=_positive_int, default=None, help="processes for HPKE (default: every core)"
+    )
+    bench.add_argument(
+        "--batch", type=_positive_int, default=None, help="reports per shuffled batch (default 50000)"
+    )
+    bench.add_argument(
+        "--request-reports",
+        type=_positive_int,
+        default=None,
+        help="reports per SubmitReports request from the simulated devices (default 1000)",
+    )
+    bench.add_argument(
+        "--compare-libraries",
+        action="store_true",
+        help="instead: our randomisers against pure-ldp and multi-freq-ldpy (pip install -e '.[bench]')",
+    )
+    bench.add_argument(
+        "--memory", action="store_true", help="instead: peak RSS of the shuffler and the aggregator"
+    )
+    bench.add_argument(
+        "--devices", type=_positive_int, default=None, help="n for --compare-libraries/--memory"
+    )
+    bench.add_argument("--no-progress", action="store_true", help="no progress output")
+    bench.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch to the chosen benchmark."""
+    progress = not args.no_progress
+    if args.compare_libraries:
+        from deniable.cli.bench_libraries import LibraryConfig, run_comparison
+
+        library_config = LibraryConfig.quick() if args.quick else LibraryConfig()
+        if args.devices is not None:
+            library_config.devices = args.devices
+        run_comparison(library_config, args.json, progress=progress)
+        return 0
+    if args.memory:
+        from deniable.cli.bench_memory import MemoryConfig, run_memory
+
+        memory_config = MemoryConfig.quick() if args.quick else MemoryConfig()
+        if args.devices is not None:
+            memory_config.reports = args.devices
+        run_memory(memory_config, args.json, progress=progress)
+        return 0
+    from deniable.cli.bench import BenchConfig, run_bench
+
+    config = BenchConfig.quick() if args.quick else BenchConfig()
+    if args.reports is not None:
+        config.reports = args.reports
+    if args.workers is not None:
+        config.workers = args.workers
+    if args.batch is not None:
+        config.batch_reports = args.batch
+    if args.request_reports is not None:
+        config.request_reports = args.request_reports
+    config.progress = progress
+    run_bench(config, args.json)
+    return 0

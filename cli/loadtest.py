@@ -1,0 +1,624 @@
+"""``deniable loadtest``: a population of simulated devices through the real services.
+
+Devices (default 100,000) answer one categorical campaign with a known, deterministic truth.
+Their reports are randomised and sealed first, on every core (as the devices would have done on
+their own hardware); then they arrive over ``duration`` seconds following a pattern:
+
+- ``constant``: a Poisson process at the mean rate;
+- ``bursts``: 15% of the time at 8x the base rate (every sixth of the run), quiet otherwise;
+- ``diurnal``: one compressed day, rate 1 - 0.8 cos(2 pi t / T): slow at the ends, peaking midway.
+
+Arrival times are the order statistics of CSPRNG uniforms mapped through the pattern's inverse
+cumulative rate (no ``random``/``numpy.random``). Reports due in the same tick (50 ms) are sent
+together, up to ``request_reports`` per SubmitReports call (a gateway's batch), with at most
+``concurrency`` calls in flight; each call has a deadline and at most 3 attempts, and the whole
+run a time limit: every loop is bounded in count and time. Only loopback addresses are allowed.
+
+At the end the shuffler is flushed (as an operator or the campaign's window would), and the run
+waits for the aggregator to count every acknowledged report. It prints throughput over time,
+acknowledgement latency percentiles, rejections and the accuracy of the answers against the
+truth, and writes PNG plots (throughput, latency, estimates with CIs) and optionally JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from deniable.cli import benchkit
+from deniable.cli.benchkit import ServiceProcess
+from deniable.client.transport import RETRYABLE_CODES
+from deniable.v1 import deniable_pb2 as pb
+
+PATTERNS: Final = ("constant", "bursts", "diurnal")
+DEFAULT_DEVICES: Final = 100_000
+DEFAULT_DURATION_S: Final = 60.0
+BURST_FACTOR: Final = 8.0
+BURST_SHARE: Final = 0.15
+BURSTS: Final = 6
+ATTEMPTS: Final = 3
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass
+class LoadConfig:
+    """One load test."""
+
+    devices: int = DEFAULT_DEVICES
+    pattern: str = "constant"
+    duration_s: float = DEFAULT_DURATION_S
+    shuffler: str | None = None
+    aggregator: str | None = None
+    buckets: int = 8
+    epsilon0: float = 1.0
+    mechanism: str = "grr"
+    request_reports: int = benchkit.REQUEST_REPORTS
+    concurrency: int = 8
+    tick_s: float = 0.05
+    workers: int = field(default_factory=benchkit.cores)
+    out_dir: Path = Path("loadtest-results")
+    json_path: Path | None = None
+    workdir: Path | None = None
+    progress: bool = True
+    grace_s: float | None = None
+    """Time allowed beyond ``duration_s`` for sending and counting (default: max(60 s, duration))."""
+
+    @property
+    def rate(self) -> float:
+        """Mean arrivals per second."""
+        return self.devices / self.duration_s
+
+    def check(self) -> None:
+        """ValueError for settings that cannot run."""
+        if self.pattern not in PATTERNS:
+            raise ValueError(f"--pattern must be one of {', '.join(PATTERNS)}, got {self.pattern!r}")
+        if self.devices < 1 or not (self.duration_s > 0 and math.isfinite(self.duration_s)):
+            raise ValueError("--devices must be >= 1 and --duration a positive number of seconds")
+        if self.buckets < 2:
+            raise ValueError("--buckets must be at least 2")
+        if (self.shuffler is None) != (self.aggregator is None):
+            raise ValueError("give both --shuffler and --aggregator (a deployment), or neither")
+        for address in (self.shuffler, self.aggregator):
+            if address is not None:
+                benchkit.check_loopback(address)
+
+
+def resolve_timing(devices: int | None, rate: float | None, duration: float | None) -> tuple[int, float]:
+    """(devices, duration) from any two of devices, rate and duration (defaults fill the rest)."""
+    if devices is not None and rate is not None and duration is not None:
+        raise ValueError("give at most two of --devices, --rate and --duration")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise ValueError("--rate must be a positive number of reports per second")
+    if rate is not None and duration is not None:
+        return max(1, round(rate * duration)), duration
+    devices = DEFAULT_DEVICES if devices is None else devices
+    if duration is None:
+        duration = devices / rate if rate is not None else DEFAULT_DURATION_S
+    return devices, duration
+
+
+# --- arrivals -------------------------------------------------------------------------------------
+
+
+def intensity(pattern: str, t: FloatArray, duration: float) -> FloatArray:
+    """Relative arrival rate at times ``t`` (any scale; only its shape matters)."""
+    if pattern == "constant":
+        return np.ones_like(t)
+    if pattern == "bursts":
+        period = duration / BURSTS
+        in_burst = np.mod(t, period) < BURST_SHARE * period
+        return np.where(in_burst, BURST_FACTOR, 1.0)
+    if pattern == "diurnal":
+        return 1.0 - 0.8 * np.cos(2 * np.pi * t / duration)
+    raise ValueError(f"unknown pattern {pattern!r}")
+
+
+def arrival_times(pattern: str, devices: int, duration: float) -> FloatArray:
+    """Sorted arrival times in [0, duration): an inhomogeneous Poisson process given its count.
+
+    Given n arrivals, their times are n independent draws from the normalised rate; drawn by
+    inverting the cumulative rate at sorted CSPRNG uniforms.
+    """
+    from deniable.core.rng import default_rng
+
+    uniforms = np.sort((default_rng().uint64_array(devices) >> np.uint64(11)).astype(np.float64) * 2.0**-53)
+    grid = np.linspace(0.0, duration, 20_001)
+    rate = intensity(pattern, grid, duration)
+    cumulative = np.concatenate([[0.0], np.cumsum((rate[1:] + rate[:-1]) / 2 * np.diff(grid))])
+    cumulative /= cumulative[-1]
+    return np.minimum(np.interp(uniforms, cumulative, grid), np.nextafter(duration, 0.0))
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tracker:
+    """What happened to every report: when it was acknowledged, and what was refused."""
+
+    arrivals: FloatArray
+    acked_at: FloatArray = field(init=False)
+    rejections: Counter[str] = field(default_factory=Counter)
+    failed_reports: int = 0
+    failed_requests: int = 0
+    attempts: int = 0
+    acknowledged: int = 0
+    counted_series: list[tuple[float, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.acked_at = np.full(self.arrivals.size, np.nan)
+
+
+async def _drive(
+    config: LoadConfig, address: str, elements: list[bytes], tracker: Tracker, deadline: float, bar: Any
+) -> None:
+    """Send reports as they become due; returns when all are answered or the deadline passes."""
+    arrivals = tracker.arrivals
+    total = arrivals.size
+    queue: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
+    channel = benchkit._channel(address)
+    submit = benchkit.submit_callable(channel)
+    started = time.perf_counter()
+
+    async def sender() -> None:
+        while (item := await queue.get()) is not None:
+            first, last = item
+            raw = b"".join(elements[first:last])
+            for attempt in range(ATTEMPTS):
+                tracker.attempts += 1
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    tracker.failed_requests += 1
+                    tracker.failed_reports += last - first
+                    break
+                try:
+                    response: pb.SubmitReportsResponse = await submit(raw, timeout=min(30.0, remaining))
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() in RETRYABLE_CODES and attempt + 1 < ATTEMPTS:
+                        await asyncio.sleep(0.05 * 2**attempt)
+                        continue
+                    tracker.failed_requests += 1
+                    tracker.failed_reports += last - first
+                    break
+                now = time.perf_counter() - started
+                refused = {r.index for r in response.rejected}
+                for rejection in response.rejected:
+                    tracker.rejections[pb.RejectReason.Name(rejection.reason)] += 1
+                acked = np.ones(last - first, dtype=bool)
+                if refused:
+                    acked[[i for i in refused if i < last - first]] = False
+                tracker.acked_at[first:last][acked] = now
+                tracker.acknowledged += int(response.accepted)
+                bar.update(last - first)
+                break
+
+    senders = [asyncio.create_task(sender()) for _ in range(max(1, config.concurrency))]
+    try:
+        sent = 0
+        while sent < total and time.perf_counter() < deadline:
+            due = int(np.searchsorted(arrivals, time.perf_counter() - started, side="right"))
+            while sent < due:
+                last = min(due, sent + config.request_reports)
+                queue.put_nowait((sent, last))
+                sent = last
+            bar.set_postfix(queued=queue.qsize(), refresh=False)
+            await asyncio.sleep(config.tick_s)
+        for _ in senders:
+            queue.put_nowait(None)
+        remaining = max(0.0, deadline - time.perf_counter())
+        done, pending = await asyncio.wait(senders, timeout=remaining)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            task.result()
+        unsent = total - sent
+        if unsent or pending:
+            tracker.failed_reports += unsent
+    finally:
+        for task in senders:
+            task.cancel()
+        await channel.close()
+
+
+async def _watch_counted(metrics_port: int, tracker: Tracker, started: float, stop: asyncio.Event) -> None:
+    """Sample the aggregator's counted total every half second (cheap Prometheus scrape)."""
+    baseline = await asyncio.to_thread(benchkit.scrape_counted, metrics_port)
+    while not stop.is_set():
+        try:
+            counted = await asyncio.to_thread(benchkit.scrape_counted, metrics_port)
+        except OSError:
+            counted = -1
+        if counted >= 0:
+            tracker.counted_series.append((time.perf_counter() - started, counted - baseline))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=0.5)
+    with contextlib.suppress(OSError):  # the last word: everything counted by now
+        counted = await asyncio.to_thread(benchkit.scrape_counted, metrics_port)
+        tracker.counted_series.append((time.perf_counter() - started, counted - baseline))
+
+
+def _campaign_request(config: LoadConfig) -> pb.CreateCampaignRequest:
+    from deniable.core import mechanisms
+    from deniable.core.rng import default_rng
+
+    return pb.CreateCampaignRequest(
+        id=f"loadtest-{default_rng().bytes(4).hex()}",
+        question=f"Which of {config.buckets} buckets? (load test)",
+        kind=pb.CATEGORICAL,
+        labels=[f"bucket-{i}" for i in range(config.buckets)],
+        mechanism=mechanisms.proto_for_name(config.mechanism),  # type: ignore[arg-type]
+        epsilon0=config.epsilon0,
+        delta=1e-6,
+        n_min=min(1000, config.devices),
+    )
+
+
+async def _run(config: LoadConfig, workdir: Path) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    services: list[ServiceProcess] = []
+    metrics_port: int | None = None
+    try:
+        if config.shuffler is None or config.aggregator is None:
+            aggregator = ServiceProcess(
+                "aggregator",
+                {
+                    "data_dir": workdir / "aggregator",
+                    "listen": "127.0.0.1:0",
+                    "decrypt_workers": config.workers,
+                    "metrics_port": 0,
+                },
+            )
+            services.append(aggregator)
+            await asyncio.to_thread(aggregator.start)
+            shuffler = ServiceProcess(
+                "shuffler",
+                {"data_dir": workdir / "shuffler", "upstream": aggregator.address, "listen": "127.0.0.1:0"},
+            )
+            services.append(shuffler)
+            await asyncio.to_thread(shuffler.start)
+            shuffler_address, aggregator_address = shuffler.address, aggregator.address
+            metrics_port = aggregator.metrics_port
+        else:
+            shuffler_address, aggregator_address = config.shuffler, config.aggregator
+        campaign = await benchkit.create_campaign(aggregator_address, _campaign_request(config))
+        shares = benchkit.zipf_shares(config.buckets)
+        values = benchkit.interleaved_population(shares, config.devices)
+        truth = np.bincount(values, minlength=config.buckets).astype(np.int64)
+
+        pool = await asyncio.to_thread(benchkit.start_pool, config.workers)
+        try:
+            with tqdm(
+                total=config.devices, desc="seal (devices)", unit="device", disable=not config.progress
+            ) as bar:
+                sealed = await asyncio.to_thread(
+                    benchkit.seal_population, campaign, values, pool, config.workers, bar.update
+                )
+        finally:
+            await asyncio.to_thread(pool.shutdown)
+        if sealed.count != config.devices:
+            raise ValueError(
+                f"mechanism {config.mechanism} sends several messages per device: not supported here"
+            )
+        elements = benchkit.report_elements(campaign.id, campaign.key_id, sealed.ciphertexts, 1)
+        del sealed
+
+        arrivals = arrival_times(config.pattern, config.devices, config.duration_s)
+        tracker = Tracker(arrivals)
+        grace = config.grace_s if config.grace_s is not None else max(60.0, config.duration_s)
+        cpu_before = [service.cpu_seconds() for service in services]
+        started = time.perf_counter()
+        deadline = started + config.duration_s + grace
+        stop_watch = asyncio.Event()
+        watcher = (
+            asyncio.create_task(_watch_counted(metrics_port, tracker, started, stop_watch))
+            if metrics_port is not None
+            else None
+        )
+        try:
+            with tqdm(
+                total=config.devices,
+                desc=f"send ({config.pattern})",
+                unit="report",
+                disable=not config.progress,
+            ) as bar:
+                await _drive(config, shuffler_address, elements, tracker, deadline, bar)
+            sent_s = time.perf_counter() - started
+            await benchkit.flush_shuffler(shuffler_address, campaign.id)
+            answer, reached = await benchkit.wait_counted(
+                aggregator_address,
+                campaign.id,
+                tracker.acknowledged,
+                timeout_s=max(5.0, deadline - time.perf_counter()),
+            )
+        finally:
+            stop_watch.set()
+            if watcher is not None:
+                await watcher
+        counted_s = reached - started
+        service_cpu = {
+            service.kind: after - before
+            for service, before, after in zip(
+                services, cpu_before, [s.cpu_seconds() for s in services], strict=True
+            )
+        }
+    finally:
+        for service in reversed(services):
+            await asyncio.to_thread(service.stop)
+    result = summarise(config, campaign, tracker, answer, truth, sent_s, counted_s)
+    result["service_cpu_s"] = service_cpu
+    if service_cpu and tracker.acknowledged:
+        result["service_cpu_us_per_report"] = {
+            kind: seconds / tracker.acknowledged * 1e6 for kind, seconds in service_cpu.items()
+        }
+    return result
+
+
+# --- results --------------------------------------------------------------------------------------
+
+
+def bin_width(horizon: float) -> float:
+    """Seconds per throughput bin: 1 s, finer for short runs (so bursts stay visible)."""
+    return next((w for w in (0.05, 0.1, 0.2, 0.25, 0.5) if w >= horizon / 20), 1.0)
+
+
+def _rates(times: FloatArray, horizon: float) -> list[float]:
+    """Reports per second in consecutive bins of ``bin_width(horizon)`` seconds."""
+    width = bin_width(horizon)
+    bins = max(1, math.ceil(horizon / width))
+    counts, _ = np.histogram(times[np.isfinite(times)], bins=bins, range=(0.0, bins * width))
+    return [float(c) / width for c in counts]
+
+
+def summarise(
+    config: LoadConfig,
+    campaign: pb.Campaign,
+    tracker: Tracker,
+    answer: pb.QueryResponse,
+    truth: npt.NDArray[np.int64],
+    sent_s: float,
+    counted_s: float,
+) -> dict[str, Any]:
+    """Everything the run measured, as a JSON-ready dict."""
+    acked = np.isfinite(tracker.acked_at)
+    latency_ms = (tracker.acked_at[acked] - tracker.arrivals[acked]) * 1000
+    percentiles = (
+        {f"p{q}": float(np.percentile(latency_ms, q)) for q in (50, 90, 99)}
+        | {"max": float(latency_ms.max())}
+        if latency_ms.size
+        else {}
+    )
+    horizon = max(config.duration_s, sent_s)
+    buckets = []
+    inside = 0
+    for bucket, true_count in zip(answer.buckets, truth.tolist(), strict=True):
+        covered = bucket.ci_low <= true_count <= bucket.ci_high
+        inside += int(covered)
+        buckets.append(
+            {
+                "label": bucket.label,
+                "true_count": int(true_count),
+                "estimate": bucket.estimate,
+                "std_error": bucket.std_error,
+                "ci_low": bucket.ci_low,
+                "ci_high": bucket.ci_high,
+                "inside_ci": covered,
+            }
+        )
+    errors = np.array([b["estimate"] - b["true_count"] for b in buckets])
+    standard = np.array(
+        [e / b["std_error"] if b["std_error"] else 0.0 for e, b in zip(errors, buckets, strict=True)]
+    )
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+        "campaign": campaign.id,
+        "mean_rate_per_s": config.rate,
+        "offered": int(tracker.arrivals.size),
+        "acknowledged": tracker.acknowledged,
+        "counted": int(answer.messages),
+        "rejected_by_aggregator": int(answer.rejected),
+        "all_acknowledged_counted": int(answer.messages) == tracker.acknowledged,
+        "rejections_by_shuffler": dict(tracker.rejections),
+        "failed_reports": tracker.failed_reports,
+        "failed_requests": tracker.failed_requests,
+        "requests": tracker.attempts,
+        "send_s": sent_s,
+        "counted_after_s": counted_s,
+        "acknowledged_per_s": tracker.acknowledged / sent_s if sent_s else 0.0,
+        "latency_ms": percentiles,
+        "bin_s": bin_width(horizon),
+        "offered_per_second": _rates(tracker.arrivals, horizon),
+        "acknowledged_per_second": _rates(tracker.acked_at, horizon),
+        "counted_series": tracker.counted_series,
+        "accuracy": {
+            "buckets": buckets,
+            "inside_ci": inside,
+            "confidence": answer.confidence,
+            "max_abs_error": float(np.abs(errors).max()) if errors.size else 0.0,
+            "rmse": float(np.sqrt(np.mean(errors**2))) if errors.size else 0.0,
+            "max_abs_standardised_error": float(np.abs(standard).max()) if standard.size else 0.0,
+        },
+        "privacy": {
+            "epsilon0": answer.privacy.epsilon0,
+            "central_epsilon": answer.privacy.central_epsilon,
+            "delta": answer.privacy.delta,
+            "amplified": answer.privacy.amplified,
+        },
+        "answer": answer.SerializeToString().hex(),
+        "_latency_ms": latency_ms.tolist(),
+    }
+
+
+def _sparkline(series: list[float]) -> str:
+    blocks = " ▁▂▃▄▅▆▇█"
+    top = max(series) if series else 0
+    if top <= 0:
+        return ""
+    step = max(1, math.ceil(len(series) / 60))
+    points = [max(series[i : i + step]) for i in range(0, len(series), step)]
+    return "".join(blocks[min(8, math.ceil(p / top * 8))] for p in points)
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """What ``deniable loadtest`` prints at the end."""
+    latency = result["latency_ms"]
+    accuracy = result["accuracy"]
+    lines = [
+        f"campaign {result['campaign']}: {result['offered']:,} devices,"
+        f" pattern {result['config']['pattern']},"
+        f" mean {result['mean_rate_per_s']:,.0f}/s over {result['config']['duration_s']:g} s",
+        f"acknowledged {result['acknowledged']:,} in {result['send_s']:.1f} s"
+        f" ({result['acknowledged_per_s']:,.0f}/s); counted {result['counted']:,}"
+        f" {'= every acknowledged report' if result['all_acknowledged_counted'] else '!= acknowledged'}"
+        f" after {result['counted_after_s']:.1f} s",
+        f"throughput over time ({result['bin_s']:g} s bins, acknowledged/s):"
+        f" {_sparkline(result['acknowledged_per_second'])}"
+        f"  peak {max(result['acknowledged_per_second'], default=0):,.0f}/s",
+        f"offered over time   ({result['bin_s']:g} s bins, arrivals/s):    "
+        f" {_sparkline(result['offered_per_second'])}"
+        f"  peak {max(result['offered_per_second'], default=0):,.0f}/s",
+    ]
+    if latency:
+        lines.append(
+            f"acknowledgement latency: p50 {latency['p50']:.1f} ms, p90 {latency['p90']:.1f} ms,"
+            f" p99 {latency['p99']:.1f} ms, max {latency['max']:.1f} ms"
+        )
+    rejected = result["rejections_by_shuffler"]
+    lines.append(
+        f"rejections: shuffler {sum(rejected.values())}"
+        + (f" {dict(rejected)}" if rejected else "")
+        + f", aggregator {result['rejected_by_aggregator']}; failed reports {result['failed_reports']}"
+        f" ({result['failed_requests']} failed requests of {result['requests']} attempts)"
+    )
+    lines.append(
+        f"accuracy: {accuracy['inside_ci']} of {len(accuracy['buckets'])} true counts inside their"
+        f" {accuracy['confidence'] * 100:g}% CI; RMSE {accuracy['rmse']:.1f},"
+        f" max |error| {accuracy['max_abs_error']:.1f}"
+        f" ({accuracy['max_abs_standardised_error']:.2f} std errors)"
+    )
+    per_report = result.get("service_cpu_us_per_report")
+    if per_report:
+        lines.append(
+            "service CPU per report: "
+            + ", ".join(f"{kind} {value:.1f} µs" for kind, value in sorted(per_report.items()))
+            + f" ({result['requests']:,} requests,"
+            f" ~{result['offered'] / max(1, result['requests']):.0f} reports each)"
+        )
+    privacy = result["privacy"]
+    lines.append(
+        f"privacy: ε0 = {privacy['epsilon0']:g}; central (ε, δ) = ({privacy['central_epsilon']:.3g},"
+        f" {privacy['delta']:.0e}) {'after shuffling' if privacy['amplified'] else '(no amplification)'}"
+    )
+    return "\n".join(lines)
+
+
+def write_plots(result: dict[str, Any], tracker_latency_ms: FloatArray, out_dir: Path) -> list[Path]:
+    """throughput.png, latency.png and estimates.png in ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from deniable.cli.render import plot_answers
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, (rates, totals) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    offered, acked = result["offered_per_second"], result["acknowledged_per_second"]
+    width = result["bin_s"]
+    starts = np.arange(len(offered)) * width
+    rates.step(starts, offered, where="post", label="offered (arrivals/s)", color="#999999")
+    rates.step(np.arange(len(acked)) * width, acked, where="post", label="acknowledged/s", color="#2166ac")
+    rates.set_ylabel("reports per second")
+    rates.set_title(f"{result['offered']:,} devices, {result['config']['pattern']} arrivals")
+    rates.legend(loc="upper right", fontsize=8)
+    totals.plot(
+        np.arange(1, len(acked) + 1) * width,
+        np.cumsum(acked) * width,
+        label="acknowledged (cumulative)",
+        color="#2166ac",
+    )
+    series = result["counted_series"]
+    if series:
+        totals.step(
+            [t for t, _ in series],
+            [c for _, c in series],
+            where="post",
+            label="counted by the aggregator (cumulative)",
+            color="#b2182b",
+        )
+    totals.set_xlabel("seconds since the first arrival")
+    totals.set_ylabel("reports")
+    totals.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "throughput.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+
+    fig, axis = plt.subplots(figsize=(8, 4))
+    if tracker_latency_ms.size:
+        axis.hist(tracker_latency_ms, bins=60, color="#4393c3")
+        for name, value in result["latency_ms"].items():
+            axis.axvline(value, color="#b2182b", linestyle="--", linewidth=1)
+            axis.annotate(name, (value, axis.get_ylim()[1] * 0.9), rotation=90, fontsize=8)
+    axis.set_xlabel("acknowledgement latency (ms, arrival to SubmitReports answer)")
+    axis.set_ylabel("reports")
+    axis.set_title("latency distribution")
+    fig.tight_layout()
+    path = out_dir / "latency.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+
+    answer = pb.QueryResponse.FromString(bytes.fromhex(result["answer"]))
+    truth = [b["true_count"] for b in result["accuracy"]["buckets"]]
+    path = out_dir / "estimates.png"
+    plot_answers([("load test: estimate vs truth", answer, truth)], path)
+    written.append(path)
+    return written
+
+
+def run_loadtest(config: LoadConfig) -> dict[str, Any]:
+    """Run, print the summary, write plots (and JSON if asked); returns the result."""
+    config.check()
+    if config.progress:
+        where = (
+            f"shuffler {config.shuffler}, aggregator {config.aggregator}"
+            if config.shuffler
+            else "services started here (loopback, temporary directory)"
+        )
+        print(
+            f"load test: {config.devices:,} devices, {config.pattern}, mean {config.rate:,.0f}/s"
+            f" over {config.duration_s:g} s; {where}",
+            flush=True,
+        )
+    with tempfile.TemporaryDirectory(prefix="deniable-loadtest-") as tmp:
+        base = config.workdir or Path(tmp)
+        result, latency = asyncio.run(_run_and_latency(config, base))
+    print(format_summary(result))
+    for path in write_plots(result, latency, config.out_dir):
+        print(f"wrote {path}")
+    if config.json_path is not None:
+        config.json_path.parent.mkdir(parents=True, exist_ok=True)
+        config.json_path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {config.json_path}")
+    return result
+
+
+async def _run_and_latency(config: LoadConfig, workdir: Path) -> tuple[dict[str, Any], FloatArray]:
+    result = await _run(config, workdir)
+    return result, np.asarray(result.pop("_latency_ms", []), dtype=np.float64)

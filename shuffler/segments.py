@@ -1,0 +1,719 @@
+"""The shuffler's default spool: the same contract as ``SqliteSpool``, stored in segments.
+
+``SqliteSpool`` keeps one SQLite row per report, written three times (pending, batch, delete) at
+about 2 µs each: more CPU than everything else the shuffler does. Here a row is a *segment*:
+the reports of one campaign from one SubmitReports request (pending) or one whole permuted
+batch, as three column blobs (uint32 key ids, uint32 lengths, ciphertexts back to back). Batch
+formation reads the oldest segments, permutes with numpy by the CSPRNG's permutation, and writes
+one row per batch; forwarding turns that row straight into the ShuffledBatch wire bytes.
+
+What is on disk says no more than the row layout did: a pending segment groups the reports of
+one request, exactly what consecutive row numbers showed before; batches hold permuted reports
+only. Pending segments are deleted (``secure_delete``) when their reports enter a batch, and
+``scrub`` truncates the WAL. An older file with per-report tables is migrated on open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from deniable.core.errors import ConfigurationError
+from deniable.core.sqlite import open_database
+from deniable.shuffler.spool import (
+    BatchRecord,
+    CampaignSpoolStats,
+    Envelope,
+    Permutation,
+    new_batch_id,
+)
+from deniable.v1 import deniable_pb2 as pb
+
+U32: Final = np.dtype("<u4")
+PAGE_SIZE: Final = 65536
+_DIGEST_DOMAIN: Final = b"deniable/v1/batch"
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS pending_segments (
+    seq INTEGER PRIMARY KEY,
+    campaign_id TEXT NOT NULL,
+    report_count INTEGER NOT NULL,
+    key_ids BLOB NOT NULL,
+    lengths BLOB NOT NULL,
+    ciphertexts BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pending_segments_by_campaign ON pending_segments (campaign_id, seq);
+CREATE TABLE IF NOT EXISTS batch_segments (
+    seq INTEGER PRIMARY KEY,
+    batch_id TEXT NOT NULL UNIQUE,
+    campaign_id TEXT NOT NULL,
+    report_count INTEGER NOT NULL,
+    digest BLOB NOT NULL,
+    wire BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS campaigns (
+    campaign_id TEXT PRIMARY KEY,
+    campaign BLOB NOT NULL
+) WITHOUT ROWID;
+"""
+
+
+Bytes = npt.NDArray[np.uint8]
+
+
+@dataclass
+class Columns:
+    """Reports of one campaign as columns: key ids, lengths, and the ciphertexts back to back.
+
+    ``data`` is a uint8 array (often a view of a stored blob), so permuting, slicing, hashing and
+    storing copy the ciphertexts as few times as possible.
+    """
+
+    key_ids: npt.NDArray[np.uint32]
+    lengths: npt.NDArray[np.uint32]
+    data: Bytes
+
+    @property
+    def count(self) -> int:
+        """Number of reports."""
+        return int(self.key_ids.size)
+
+    @classmethod
+    def of(cls, key_ids: Sequence[int], ciphertexts: Sequence[bytes]) -> Columns:
+        """Columns from per-report key ids and ciphertexts."""
+        widths = set(map(len, ciphertexts))
+        lengths = (
+            np.full(len(ciphertexts), widths.pop(), dtype=U32)
+            if len(widths) == 1
+            else np.fromiter(map(len, ciphertexts), dtype=U32, count=len(ciphertexts))
+        )
+        return cls(
+            np.asarray(key_ids, dtype=U32).reshape(-1),
+            lengths,
+            np.frombuffer(b"".join(ciphertexts), dtype=np.uint8),
+        )
+
+    @classmethod
+    def load(cls, key_ids: bytes, lengths: bytes, data: bytes) -> Columns:
+        """Columns over the three stored blobs (no copy)."""
+        return cls(
+            np.frombuffer(key_ids, dtype=U32),
+            np.frombuffer(lengths, dtype=U32),
+            np.frombuffer(data, dtype=np.uint8),
+        )
+
+    def width(self) -> int | None:
+        """The common ciphertext length, or None if lengths differ (or there are no reports)."""
+        if not self.count:
+            return None
+        first = int(self.lengths[0])
+        return first if bool(np.all(self.lengths == first)) else None
+
+    def ciphertexts(self) -> list[bytes]:
+        """Each ciphertext as bytes."""
+        width = self.width()
+        data = self.data.tobytes()
+        if width is not None:
+            return [data[i : i + width] for i in range(0, width * self.count, width)]
+        ends = np.cumsum(self.lengths, dtype=np.int64).tolist()
+        starts = [0, *ends[:-1]]
+        return [data[s:e] for s, e in zip(starts, ends, strict=True)]
+
+    def envelopes(self, campaign_id: str) -> tuple[Envelope, ...]:
+        """The reports as envelopes (for the SpoolStore interface; the fast paths avoid this)."""
+        return tuple(
+            Envelope(campaign_id, key, ciphertext)
+            for key, ciphertext in zip(self.key_ids.tolist(), self.ciphertexts(), strict=True)
+        )
+
+    def take(self, order: npt.NDArray[np.int64]) -> Columns:
+        """The reports at positions ``order``, in that order."""
+        width = self.width()
+        if width is not None:
+            data = self.data.reshape(self.count, width)[order].reshape(-1)
+        else:
+            pieces = self.ciphertexts()
+            data = np.frombuffer(b"".join(pieces[i] for i in order.tolist()), dtype=np.uint8)
+        return Columns(self.key_ids[order], self.lengths[order], data)
+
+    def split(self, count: int) -> tuple[Columns, Columns]:
+        """The first ``count`` reports and the rest (views, no copy)."""
+        cut = int(self.lengths[:count].sum(dtype=np.int64))
+        return (
+            Columns(self.key_ids[:count], self.lengths[:count], self.data[:cut]),
+            Columns(self.key_ids[count:], self.lengths[count:], self.data[cut:]),
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[Columns]) -> Columns:
+        """All reports of ``parts``, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        return Columns(
+            np.concatenate([p.key_ids for p in parts]).astype(U32, copy=False),
+            np.concatenate([p.lengths for p in parts]).astype(U32, copy=False),
+            np.concatenate([p.data for p in parts]),
+        )
+
+    def digest(self) -> bytes:
+        """``core.batches.batch_digest`` of the ciphertexts, in one hash call when lengths are equal."""
+        digest = hashlib.sha256(_DIGEST_DOMAIN)
+        width = self.width()
+        if width is None:
+            for ciphertext in self.ciphertexts():
+                digest.update(len(ciphertext).to_bytes(4, "big"))
+                digest.update(ciphertext)
+            return digest.digest()
+        framed = np.empty((self.count, 4 + width), dtype=np.uint8)
+        framed[:, :4] = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
+        framed[:, 4:] = self.data.reshape(self.count, width)
+        digest.update(framed.data)
+        return digest.digest()
+
+    def blobs(self) -> tuple[Bytes, Bytes, Bytes]:
+        """The three blobs to store (contiguous arrays, which SQLite binds as BLOBs)."""
+        return (
+            np.ascontiguousarray(self.key_ids, dtype=U32).view(np.uint8),
+            np.ascontiguousarray(self.lengths, dtype=U32).view(np.uint8),
+            np.ascontiguousarray(self.data),
+        )
+
+
+class ColumnReports(Sequence[Envelope]):
+    """A request's accepted reports as one ``Columns`` segment per campaign.
+
+    It is a sequence of envelopes, so any SpoolStore can ``append`` it; ``SegmentSpool`` takes
+    the columns as they are, without an envelope per report.
+    """
+
+    def __init__(self, segments: Sequence[tuple[str, Sequence[int], Sequence[bytes]]] = ()) -> None:
+        """From (campaign id, key ids, ciphertexts) triples (empty ones are dropped)."""
+        self.columns = [(c, Columns.of(k, t)) for c, k, t in segments if len(t)]
+
+    @classmethod
+    def of(cls, campaign_id: str, columns: Columns) -> ColumnReports:
+        """One campaign's reports, already as columns."""
+        made = cls()
+        if columns.count:
+            made.columns.append((campaign_id, columns))
+        return made
+
+    def __len__(self) -> int:
+        return sum(columns.count for _, columns in self.columns)
+
+    def __iter__(self) -> Iterator[Envelope]:
+        for campaign_id, columns in self.columns:
+            yield from columns.envelopes(campaign_id)
+
+    @overload
+    def __getitem__(self, index: int) -> Envelope: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Envelope]: ...
+
+    def __getitem__(self, index: int | slice) -> Envelope | list[Envelope]:
+        everything = list(self)
+        return everything[index]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if not value:
+            out.append(byte)
+            return bytes(out)
+        out.append(byte | 0x80)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (omitted when empty, as proto3 does)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload if payload else b""
+
+
+def report_prefix(campaign: bytes, key_id: int, length: int, field_number: int = 3) -> bytes:
+    """Everything of one encoded ``EncryptedReport`` element before its ciphertext.
+
+    Field 3 of ShuffledBatch, field 1 of SubmitReportsRequest; proto3 canonical encoding (fields
+    in order, defaults omitted), which is what the protobuf runtime writes.
+    """
+    inner_head = _field(1, campaign) + (b"\x10" + _varint(key_id) if key_id else b"")
+    inner_head += _varint(3 << 3 | 2) + _varint(length) if length else b""
+    return _varint(field_number << 3 | 2) + _varint(len(inner_head) + length) + inner_head
+
+
+_DIGEST_FIELD_TAG: Final = bytes([4 << 3 | 2, 32])  # ShuffledBatch.digest, 32 bytes
+
+
+def shuffled_batch_wire(batch_id: str, campaign_id: str, digest: bytes, columns: Columns) -> bytes:
+    """The serialised ``ShuffledBatch`` for these reports (in this order), without protobuf.
+
+    Uniform key id and length (the normal case): one prefix and one numpy copy; otherwise one
+    element per report. The result parses to the same message as ``forwarder.shuffled_batch``.
+    """
+    wire, _ = batch_wire(batch_id, campaign_id, columns, np.arange(columns.count, dtype=np.int64), digest)
+    return bytes(wire)
+
+
+def batch_wire(
+    batch_id: str,
+    campaign_id: str,
+    columns: Columns,
+    order: npt.NDArray[np.int64],
+    digest: bytes | None = None,
+) -> tuple[bytearray, bytes]:
+    """(serialised ShuffledBatch, digest) of the reports ``columns[order]``.
+
+    The permuted ciphertexts are copied once, straight into the message; the manifest digest is
+    computed over them (``digest`` given: trusted and used as is). The digest field is written
+    last: protobuf fields may come in any order, so the message is built before it is known.
+    """
+    campaign = campaign_id.encode("utf-8")
+    head = _field(1, batch_id.encode("utf-8")) + _field(2, campaign)
+    width = columns.width()
+    count = int(order.size)
+    keys = columns.key_ids[order] if count else columns.key_ids[:0]
+    if count and width is not None and bool(np.all(keys == keys[0])):
+        prefix = report_prefix(campaign, int(keys[0]), width)
+        element = len(prefix) + width
+        wire = bytearray(len(head) + count * element + len(_DIGEST_FIELD_TAG) + 32)
+        wire[: len(head)] = head
+        rows = np.frombuffer(wire, dtype=np.uint8, count=count * element, offset=len(head)).reshape(
+            count, element
+        )
+        rows[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+        np.take(
+            columns.data.reshape(columns.count, width), order, axis=0, out=rows[:, len(prefix) :], mode="clip"
+        )
+        if digest is None:
+            framed = np.empty((count, 4 + width), dtype=np.uint8)
+            framed[:, :4] = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
+            framed[:, 4:] = rows[:, len(prefix) :]
+            hashed = hashlib.sha256(_DIGEST_DOMAIN)
+            hashed.update(framed.data)
+            digest = hashed.digest()
+    else:
+        chunk = columns.take(order)
+        digest = chunk.digest() if digest is None else digest
+        parts = [head]
+        for key_id, ciphertext in zip(chunk.key_ids.tolist(), chunk.ciphertexts(), strict=True):
+            parts.append(report_prefix(campaign, key_id, len(ciphertext)) + ciphertext)
+        wire = bytearray(b"".join(parts) + bytes(len(_DIGEST_FIELD_TAG) + 32))
+    if len(digest) != 32:
+        raise ValueError("a batch digest is 32 bytes")
+    wire[-32 - len(_DIGEST_FIELD_TAG) :] = _DIGEST_FIELD_TAG + digest
+    return wire, digest
+
+
+def parse_batch_wire(wire: bytes) -> BatchRecord:
+    """The batch record a stored ShuffledBatch message describes (the slow path, for the API)."""
+    message = pb.ShuffledBatch.FromString(bytes(wire))
+    return BatchRecord(
+        batch_id=message.batch_id,
+        campaign_id=message.campaign_id,
+        reports=tuple(Envelope(r.campaign_id, r.key_id, r.ciphertext) for r in message.reports),
+        digest=message.digest,
+    )
+
+
+def checked_order(order: npt.NDArray[np.int64] | Sequence[int], count: int) -> npt.NDArray[np.int64]:
+    """The order as an int64 array; ValueError unless it is a permutation of range(count)."""
+    positions = np.asarray(order, dtype=np.int64).reshape(-1)
+    if positions.size != count:
+        raise ValueError(f"not a permutation of range({count})")
+    if count and (int(positions.min()) < 0 or int(positions.max()) >= count):
+        raise ValueError(f"not a permutation of range({count})")
+    if count and not bool(np.all(np.bincount(positions, minlength=count) == 1)):
+        raise ValueError(f"not a permutation of range({count})")
+    return positions
+
+
+def _create_with_large_pages(path: Path) -> None:
+    """A new spool file gets 64 KiB pages (a page size is fixed once a file is in WAL mode).
+
+    Segments are large blobs: big pages mean fewer WAL frames, fewer write calls and less
+    zeroing overhead per report when ``secure_delete`` wipes a batch. Existing files keep theirs.
+    """
+    if path.exists():
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, isolation_level=None)
+    except (OSError, sqlite3.Error):
+        return  # open_database reports the problem
+    try:
+        db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+        db.execute("PRAGMA journal_mode=WAL")
+    finally:
+        db.close()
+
+
+@dataclass
+class _Append:
+    """One caller's segments waiting for a group commit."""
+
+    segments: list[tuple[str, Columns]]
+    done: bool = False
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class FormedBatch:
+    """A batch just formed: its id and number of reports (what the batcher needs), and its message."""
+
+    batch_id: str
+    campaign_id: str
+    report_count: int
+    digest: bytes
+    wire: bytes | bytearray
+
+
+class SegmentSpool:
+    """SpoolStore on one SQLite file (WAL, synchronous=FULL, secure_delete), reports in segments.
+
+    Thread safe. Besides the SpoolStore methods it offers the fast paths the shuffler uses:
+    ``append`` of ``ColumnReports`` (a request's accepted reports without an envelope each),
+    ``form_batch_sizes`` (ids and sizes only) and ``load_wire`` (the ShuffledBatch bytes).
+    """
+
+    def __init__(self, path: Path) -> None:
+        """Open or create the spool at ``path`` (migrating per-report tables); ConfigurationError."""
+        self._lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Append] = []
+        _create_with_large_pages(path)
+        self._db = open_database(path)
+        try:
+            self._db.execute("PRAGMA secure_delete=ON")
+            self._db.executescript(_SCHEMA)
+            self._migrate_rows()
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise ConfigurationError(f"cannot use spool {path}: {exc}") from exc
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                work(self._db)
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def _migrate_rows(self) -> None:
+        """Move reports from the per-report layout (``SqliteSpool``) into segments, once."""
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "pending" not in tables and "batch_reports" not in tables:
+            return
+
+        def work(db: sqlite3.Connection) -> None:
+            if "pending" in tables:
+                rows = db.execute(
+                    "SELECT campaign_id, key_id, ciphertext FROM pending ORDER BY seq"
+                ).fetchall()
+                by_campaign: dict[str, list[tuple[int, bytes]]] = {}
+                for campaign_id, key_id, ciphertext in rows:
+                    by_campaign.setdefault(str(campaign_id), []).append((int(key_id), bytes(ciphertext)))
+                for campaign_id, reports in by_campaign.items():
+                    columns = Columns.of([k for k, _ in reports], [c for _, c in reports])
+                    self._insert_pending(db, campaign_id, columns)
+                db.execute("DELETE FROM pending")
+            if "batches" in tables and "batch_reports" in tables:
+                heads = db.execute(
+                    "SELECT batch_id, campaign_id, digest FROM batches ORDER BY rowid"
+                ).fetchall()
+                for batch_id, campaign_id, digest in heads:
+                    rows = db.execute(
+                        "SELECT key_id, ciphertext FROM batch_reports WHERE batch_id = ? ORDER BY position",
+                        (batch_id,),
+                    ).fetchall()
+                    columns = Columns.of([int(k) for k, _ in rows], [bytes(c) for _, c in rows])
+                    wire = shuffled_batch_wire(str(batch_id), str(campaign_id), bytes(digest), columns)
+                    self._insert_batch(
+                        db, str(batch_id), str(campaign_id), columns.count, bytes(digest), wire
+                    )
+                db.execute("DELETE FROM batch_reports")
+                db.execute("DELETE FROM batches")
+
+        self._write(work)
+
+    @staticmethod
+    def _insert_pending(db: sqlite3.Connection, campaign_id: str, columns: Columns) -> None:
+        db.execute(
+            "INSERT INTO pending_segments (campaign_id, report_count, key_ids, lengths, ciphertexts)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (campaign_id, columns.count, *columns.blobs()),
+        )
+
+    @staticmethod
+    def _insert_batch(
+        db: sqlite3.Connection,
+        batch_id: str,
+        campaign_id: str,
+        count: int,
+        digest: bytes,
+        wire: bytes | bytearray,
+    ) -> None:
+        db.execute(
+            "INSERT INTO batch_segments (batch_id, campaign_id, report_count, digest, wire)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (batch_id, campaign_id, count, digest, wire),
+        )
+
+    def append(self, reports: Sequence[Envelope]) -> None:
+        """Insert every report durably: one segment per campaign, order kept.
+
+        Group commit: appends that arrive while another one is committing wait for the lock and
+        are then written together, in one transaction and one fsync. Each call still returns
+        only once its own reports are durable (or raises if that transaction failed).
+        """
+        if not reports:
+            return
+        if isinstance(reports, ColumnReports):
+            segments = list(reports.columns)
+        else:
+            by_campaign: dict[str, tuple[list[int], list[bytes]]] = {}
+            for report in reports:
+                keys, ciphertexts = by_campaign.setdefault(report.campaign_id, ([], []))
+                keys.append(int(report.key_id))
+                ciphertexts.append(bytes(report.ciphertext))
+            segments = [(c, Columns.of(k, t)) for c, (k, t) in by_campaign.items()]
+        entry = _Append(segments)
+        with self._queue_lock:
+            self._queue.append(entry)
+        with self._lock:
+            if not entry.done:
+                with self._queue_lock:
+                    group, self._queue = self._queue, []
+                try:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    for member in group:
+                        for campaign_id, columns in member.segments:
+                            self._insert_pending(self._db, campaign_id, columns)
+                    self._db.execute("COMMIT")
+                except BaseException as exc:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    for member in group:
+                        member.error = exc
+                finally:
+                    for member in group:
+                        member.done = True
+        if entry.error is not None:
+            raise entry.error
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def pending_count(self, campaign_id: str) -> int:
+        """Reports of the campaign not yet in a batch."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(report_count), 0) FROM pending_segments WHERE campaign_id = ?",
+                (campaign_id,),
+            ).fetchone()
+        return int(row[0])
+
+    def stats(self) -> list[CampaignSpoolStats]:
+        """Pending and in-flight report counts per campaign."""
+        with self._lock:
+            pending = dict(
+                self._db.execute(
+                    "SELECT campaign_id, SUM(report_count) FROM pending_segments GROUP BY campaign_id"
+                ).fetchall()
+            )
+            in_flight = dict(
+                self._db.execute(
+                    "SELECT campaign_id, SUM(report_count) FROM batch_segments GROUP BY campaign_id"
+                ).fetchall()
+            )
+        return [
+            CampaignSpoolStats(str(c), int(pending.get(c, 0)), int(in_flight.get(c, 0)))
+            for c in sorted(set(pending) | set(in_flight))
+        ]
+
+    # -- batches -----------------------------------------------------------------------------
+
+    def _form(
+        self,
+        campaign_id: str,
+        sizes: list[int] | None,
+        limit: int,
+        at_least: int,
+        permutation: Permutation,
+    ) -> list[FormedBatch]:
+        """Take up to ``limit`` oldest reports (none if fewer than ``at_least``), permute, slice, store."""
+        formed: list[FormedBatch] = []
+
+        def work(db: sqlite3.Connection) -> None:
+            cursor = db.execute(
+                "SELECT seq, report_count, key_ids, lengths, ciphertexts FROM pending_segments"
+                " WHERE campaign_id = ? ORDER BY seq",
+                (campaign_id,),
+            )
+            parts: list[Columns] = []
+            seqs: list[int] = []
+            total = 0
+            for seq, count, key_ids, lengths, data in cursor:
+                parts.append(Columns.load(key_ids, lengths, data))
+                seqs.append(int(seq))
+                total += int(count)
+                if total >= limit:
+                    break
+            cursor.close()
+            if not parts or total < at_least:
+                return
+            take = min(limit, total)
+            taken = Columns.concat(parts)
+            parts.clear()  # the stored blobs can go once copied (memory: ~2x the batch at the peak)
+            if total > take:  # the newest segment stays partly pending
+                taken, rest = taken.split(take)
+                key_ids, lengths, data = rest.blobs()
+                db.execute(
+                    "UPDATE pending_segments SET report_count = ?, key_ids = ?, lengths = ?, ciphertexts = ?"
+                    " WHERE seq = ?",
+                    (rest.count, key_ids, lengths, data, seqs[-1]),
+                )
+                seqs.pop()
+            order = checked_order(permutation(take), take)
+            start = 0
+            for size in sizes or [take]:
+                batch_id = new_batch_id()
+                # The permuted ciphertexts go straight into the message that will be forwarded.
+                wire, digest = batch_wire(batch_id, campaign_id, taken, order[start : start + size])
+                start += size
+                self._insert_batch(db, batch_id, campaign_id, size, digest, wire)
+                formed.append(FormedBatch(batch_id, campaign_id, size, digest, wire))
+            del taken
+            if seqs:
+                db.execute(
+                    "DELETE FROM pending_segments WHERE campaign_id = ? AND seq <= ?", (campaign_id, seqs[-1])
+                )
+
+        try:
+            self._write(work)
+        except BaseException:
+            formed.clear()
+            raise
+        return formed
+
+    @staticmethod
+    def _record(batch: FormedBatch) -> BatchRecord:
+        return parse_batch_wire(batch.wire)
+
+    def form_batch(
+        self, campaign_id: str, max_reports: int, permutation: Permutation, min_reports: int = 1
+    ) -> BatchRecord | None:
+        """Move the oldest ``max_reports`` pending reports into a permuted batch in one transaction."""
+        if max_reports < 1:
+            raise ValueError("max_reports must be at least 1")
+        formed = self._form(campaign_id, None, max_reports, max(1, min_reports), permutation)
+        return self._record(formed[0]) if formed else None
+
+    def form_batches(
+        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation
+    ) -> list[BatchRecord]:
+        """Several batches from one permutation of the oldest sum(sizes) pending reports."""
+        return [self._record(b) for b in self.form_batch_sizes(campaign_id, sizes, permutation)]
+
+    def form_batch_sizes(
+        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation
+    ) -> list[FormedBatch]:
+        """``form_batches`` without building an envelope per report."""
+        if not sizes or min(sizes) < 1:
+            raise ValueError("batch sizes must be at least 1")
+        total = sum(sizes)
+        return self._form(campaign_id, list(sizes), total, total, permutation)
+
+    def batch_ids(self, campaign_id: str | None = None) -> list[str]:
+        """Ids of unacknowledged batches in the order they were formed."""
+        with self._lock:
+            if campaign_id is None:
+                cursor = self._db.execute("SELECT batch_id FROM batch_segments ORDER BY seq")
+            else:
+                cursor = self._db.execute(
+                    "SELECT batch_id FROM batch_segments WHERE campaign_id = ? ORDER BY seq", (campaign_id,)
+                )
+            return [str(row[0]) for row in cursor]
+
+    def _load(self, batch_id: str) -> FormedBatch | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT campaign_id, report_count, digest, wire FROM batch_segments WHERE batch_id = ?",
+                (batch_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        return FormedBatch(batch_id, str(row[0]), int(row[1]), bytes(row[2]), bytes(row[3]))
+
+    def load_batch(self, batch_id: str) -> BatchRecord | None:
+        """One unacknowledged batch with its reports in the stored (permuted) order."""
+        batch = self._load(batch_id)
+        return None if batch is None else self._record(batch)
+
+    def load_wire(self, batch_id: str) -> tuple[bytes, int] | None:
+        """The batch as serialised ``ShuffledBatch`` bytes and its report count, or None."""
+        batch = self._load(batch_id)
+        return None if batch is None else (bytes(batch.wire), batch.report_count)
+
+    def unacknowledged_batches(self, campaign_id: str | None = None) -> list[BatchRecord]:
+        """Every unacknowledged batch, oldest first."""
+        batches = (self.load_batch(batch_id) for batch_id in self.batch_ids(campaign_id))
+        return [b for b in batches if b is not None]
+
+    def delete_batch(self, batch_id: str) -> bool:
+        """Delete an acknowledged batch in one transaction."""
+        deleted: list[int] = []
+        self._write(
+            lambda db: deleted.append(
+                db.execute("DELETE FROM batch_segments WHERE batch_id = ?", (batch_id,)).rowcount
+            )
+        )
+        return deleted[0] > 0
+
+    # -- campaigns and housekeeping --------------------------------------------------------------
+
+    def cache_campaign(self, campaign: pb.Campaign) -> None:
+        """Insert or replace the serialized campaign."""
+        blob = campaign.SerializeToString(deterministic=True)
+        self._write(
+            lambda db: db.execute(
+                "INSERT OR REPLACE INTO campaigns (campaign_id, campaign) VALUES (?, ?)", (campaign.id, blob)
+            )
+        )
+
+    def cached_campaign(self, campaign_id: str) -> pb.Campaign | None:
+        """The cached campaign, or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT campaign FROM campaigns WHERE campaign_id = ?", (campaign_id,)
+            ).fetchone()
+        return None if row is None else pb.Campaign.FromString(bytes(row[0]))
+
+    def cached_campaigns(self) -> list[pb.Campaign]:
+        """Every cached campaign, sorted by id."""
+        with self._lock:
+            rows = self._db.execute("SELECT campaign FROM campaigns ORDER BY campaign_id").fetchall()
+        return [pb.Campaign.FromString(bytes(row[0])) for row in rows]
+
+    def scrub(self) -> None:
+        """Checkpoint and truncate the WAL, whose frames still hold pending pages in arrival order."""
+        with self._lock:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        """Close the connection once no call is running (closing twice is allowed)."""
+        with self._lock:
+            self._db.close()
