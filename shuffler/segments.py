@@ -314,7 +314,7 @@ def batch_wire(
     return wire, digest
 
 
-def parse_batch_wire(wire: bytes) -> BatchRecord:
+def parse_batch_wire(wire: bytes | bytearray) -> BatchRecord:
     """The batch record a stored ShuffledBatch message describes (the slow path, for the API)."""
     message = pb.ShuffledBatch.FromString(bytes(wire))
     return BatchRecord(
