@@ -88,8 +88,12 @@ class DirectEncoding(LocalRandomiser):
     def tally(self, payloads: Sequence[bytes]) -> Tally:
         width = self.payload_length
         n = len(payloads)
-        lengths_ok = np.fromiter((len(p) == width for p in payloads), dtype=np.bool_, count=n)
-        joined = b"".join(p if ok else bytes(width) for p, ok in zip(payloads, lengths_ok, strict=True))
+        lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=n)
+        lengths_ok = lengths == width
+        if bool(lengths_ok.all()):  # the usual case: one C-level join, no Python loop
+            joined = b"".join(payloads)
+        else:
+            joined = b"".join(p if ok else bytes(width) for p, ok in zip(payloads, lengths_ok, strict=True))
         matrix = np.frombuffer(joined, dtype=np.uint8).reshape(n, width).astype(np.int64)
         values = np.zeros(n, dtype=np.int64)
         for column in range(width):
