@@ -42,7 +42,9 @@ async def test_failed_batch_is_retried_with_the_same_id_and_deleted_only_after_a
     sent = await submit(shuffler, kit, campaign, 3)
     await kit.eventually(lambda: len(upstream.fake.calls) >= 3)
     assert await spool_of(shuffler) == {"c1": (0, 3)}  # kept while the aggregator refuses
-    assert shuffler.metrics.registry.get_sample_value("deniable_shuffler_forward_failures_total") >= 3
+    # The fake records a call before the shuffler has handled its failure: wait for the metric too.
+    failures = "deniable_shuffler_forward_failures_total"
+    await kit.eventually(lambda: (shuffler.metrics.registry.get_sample_value(failures) or 0) >= 3)
     upstream.fake.fail_next = 0
     await kit.eventually(lambda: len(upstream.fake.acked) == 1)
     await kit.eventually(
