@@ -165,6 +165,30 @@ class LocalRandomiser(ABC):
             raise ValueError(f"value {value!r} is outside the domain 0..{self.domain_size - 1}")
 
 
+def payload_matrix(payloads: Sequence[bytes], width: int) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+    """Payloads as an (n, width) int64 byte matrix, and which had the right length.
+
+    Wrong-length payloads become zero rows (callers must treat them as invalid). The usual case,
+    every payload of the right length, is one C-level join with no Python loop.
+    """
+    n = len(payloads)
+    lengths_ok = np.fromiter(map(len, payloads), dtype=np.int64, count=n) == width
+    if bool(lengths_ok.all()):
+        joined = b"".join(payloads)
+    else:
+        filler = bytes(width)
+        joined = b"".join(p if ok else filler for p, ok in zip(payloads, lengths_ok.tolist(), strict=True))
+    return np.frombuffer(joined, dtype=np.uint8).reshape(n, width).astype(np.int64), lengths_ok
+
+
+def big_endian(matrix: IntArray, start: int, stop: int) -> IntArray:
+    """Columns start..stop-1 of a byte matrix read as one big-endian unsigned integer per row."""
+    values = np.zeros(matrix.shape[0], dtype=np.int64)
+    for column in range(start, stop):
+        values = values * 256 + matrix[:, column]
+    return values
+
+
 def normal_estimates(
     raw: Sequence[int], estimates: FloatArray, variances: FloatArray, confidence: float
 ) -> list[Estimate]:

@@ -23,7 +23,9 @@ from deniable.core.mechanisms.base import (
     FloatArray,
     LocalRandomiser,
     Tally,
+    big_endian,
     normal_estimates,
+    payload_matrix,
 )
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
@@ -86,18 +88,8 @@ class DirectEncoding(LocalRandomiser):
         }
 
     def tally(self, payloads: Sequence[bytes]) -> Tally:
-        width = self.payload_length
-        n = len(payloads)
-        lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=n)
-        lengths_ok = lengths == width
-        if bool(lengths_ok.all()):  # the usual case: one C-level join, no Python loop
-            joined = b"".join(payloads)
-        else:
-            joined = b"".join(p if ok else bytes(width) for p, ok in zip(payloads, lengths_ok, strict=True))
-        matrix = np.frombuffer(joined, dtype=np.uint8).reshape(n, width).astype(np.int64)
-        values = np.zeros(n, dtype=np.int64)
-        for column in range(width):
-            values = values * 256 + matrix[:, column]
+        matrix, lengths_ok = payload_matrix(payloads, self.payload_length)
+        values = big_endian(matrix, 0, self.payload_length)
         invalid = ~lengths_ok | (values >= self.domain_size)
         counts = np.bincount(values[~invalid], minlength=self.domain_size).astype(np.int64)
         return Tally(counts=counts, invalid=invalid)

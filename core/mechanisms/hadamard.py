@@ -24,7 +24,9 @@ from deniable.core.mechanisms.base import (
     IntArray,
     LocalRandomiser,
     Tally,
+    big_endian,
     normal_estimates,
+    payload_matrix,
 )
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
@@ -163,19 +165,8 @@ class HadamardResponse(LocalRandomiser):
 
     def tally(self, payloads: Sequence[bytes]) -> Tally:
         width = self.payload_length
-        n = len(payloads)
-        lengths_ok = np.fromiter(map(len, payloads), dtype=np.int64, count=n) == width
-        if bool(lengths_ok.all()):
-            joined = b"".join(payloads)
-        else:
-            filler = bytes(width)
-            joined = b"".join(
-                p if ok else filler for p, ok in zip(payloads, lengths_ok.tolist(), strict=True)
-            )
-        matrix = np.frombuffer(joined, dtype=np.uint8).reshape(n, width).astype(np.int64)
-        index = np.zeros(n, dtype=np.int64)
-        for column in range(width):
-            index = index * 256 + matrix[:, column]
+        matrix, lengths_ok = payload_matrix(payloads, width)
+        index = big_endian(matrix, 0, width)
         invalid = ~lengths_ok | (index >= self.order)
         counts = np.bincount(index[~invalid], minlength=self.order).astype(np.int64)
         return Tally(counts=counts, invalid=invalid)

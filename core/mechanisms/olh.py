@@ -26,7 +26,9 @@ from deniable.core.mechanisms.base import (
     IntArray,
     LocalRandomiser,
     Tally,
+    big_endian,
     normal_estimates,
+    payload_matrix,
 )
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
@@ -436,18 +438,8 @@ class OptimisedLocalHashing(LocalRandomiser):
     def tally(self, payloads: Sequence[bytes]) -> Tally:
         width = self.payload_length
         n = len(payloads)
-        lengths_ok = np.fromiter(map(len, payloads), dtype=np.int64, count=n) == width
-        if bool(lengths_ok.all()):
-            joined = b"".join(payloads)
-        else:
-            filler = bytes(width)
-            joined = b"".join(
-                p if ok else filler for p, ok in zip(payloads, lengths_ok.tolist(), strict=True)
-            )
-        matrix = np.frombuffer(joined, dtype=np.uint8).reshape(n, width).astype(np.int64)
-        seeds = np.zeros(n, dtype=np.int64)
-        for column in range(self._seed_bytes):
-            seeds = seeds * 256 + matrix[:, column]
+        matrix, lengths_ok = payload_matrix(payloads, width)
+        seeds = big_endian(matrix, 0, self._seed_bytes)
         buckets = np.zeros(n, dtype=np.int64)
         for column in range(self._seed_bytes, width):
             buckets = buckets * 256 + matrix[:, column]
