@@ -155,6 +155,16 @@ class LocalRandomiser(ABC):
             worst = max(worst, max(probs) / low)
         return math.log(worst)
 
+    def checked_values(self, values: Sequence[int]) -> IntArray:
+        """Many true values as int64; ValueError (as ``check_value``) for any bad one."""
+        array = np.asarray(values)
+        integral = array.ndim == 1 and array.dtype.kind in "iub"
+        if integral and (array.size == 0 or (int(array.min()) >= 0 and int(array.max()) < self.domain_size)):
+            return array.astype(np.int64)
+        for value in values:  # the scalar check names the culprit
+            self.check_value(value)
+        return np.fromiter((operator.index(v) for v in values), dtype=np.int64, count=len(values))
+
     def check_value(self, value: int) -> None:
         """Raise ValueError for a true value outside the domain."""
         try:

@@ -58,19 +58,6 @@ class DirectEncoding(LocalRandomiser):
         """Every payload of the domain, indexed by value (small domains only)."""
         return [self._pack(v) for v in range(self.domain_size)]
 
-    def _values_array(self, values: Sequence[int]) -> npt.NDArray[np.int64]:
-        """The true values as int64, checked like ``check_value`` (ValueError outside the domain)."""
-        array = np.asarray(values)
-        if array.ndim != 1 or array.dtype.kind not in "iub":
-            for value in values:  # floats, objects, ...: the scalar check names the culprit
-                self.check_value(value)
-            array = np.asarray([int(v) for v in values], dtype=np.int64)
-        array = array.astype(np.int64)
-        if array.size and (int(array.min()) < 0 or int(array.max()) >= self.domain_size):
-            bad = array[(array < 0) | (array >= self.domain_size)][0]
-            self.check_value(int(bad))
-        return array
-
     def _pack_many(self, chosen: npt.NDArray[np.int64]) -> list[bytes]:
         """``_pack`` of every value (a shared table of the d payloads for small domains)."""
         if self.domain_size <= _PACK_TABLE_LIMIT:
@@ -134,7 +121,7 @@ class BinaryRandomisedResponse(DirectEncoding):
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
         """``randomise`` for many devices: the same 64-bit draw and threshold, one array at a time."""
-        truth = self._values_array(values)
+        truth = self.checked_values(values)
         draws = (rng or default_rng()).uint64_array(truth.size)
         flip = (draws >= np.uint64(self._keep_threshold)).astype(np.int64)
         return self._pack_many(truth ^ flip)
@@ -172,7 +159,7 @@ class GeneralisedRandomisedResponse(DirectEncoding):
         same arithmetic selection, on arrays (scalar path when the weight exceeds 2**62)."""
         if self._total_weight > _MAX_VECTOR_WEIGHT:
             return super().randomise_many(values, rng)
-        truth = self._values_array(values)
+        truth = self.checked_values(values)
         draw = (rng or default_rng()).randbelow_array(self._total_weight, truth.size)
         keep = draw < self._keep_weight
         other_index = np.maximum(draw - self._keep_weight, 0) // _OTHER_WEIGHT

@@ -108,23 +108,8 @@ class HadamardResponse(LocalRandomiser):
         position = rng.randbits(self._half_bits)  # uniform in [0, K/2), no rejection
         return self.index_in_half(int(value), position, inside).to_bytes(self.payload_length, "big")
 
-    def _checked_values(self, values: Sequence[int]) -> IntArray:
-        """The values as an int64 array; ValueError (as ``check_value``) for any bad one."""
-        if len(values) == 0:
-            return np.zeros(0, dtype=np.int64)
-        array = np.asarray(values)
-        if array.ndim != 1 or array.dtype.kind not in "iub":
-            for value in values:
-                self.check_value(value)
-            raise ValueError("values must be a flat sequence of integers")
-        array = array.astype(np.int64)
-        if int(array.min()) < 0 or int(array.max()) >= self.domain_size:
-            bad = int(array[(array < 0) | (array >= self.domain_size)][0])
-            raise ValueError(f"value {bad} is outside the domain 0..{self.domain_size - 1}")
-        return array
-
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
-        array = self._checked_values(values)
+        array = self.checked_values(values)
         n = int(array.size)
         if n == 0:
             return []

@@ -362,21 +362,6 @@ class OptimisedLocalHashing(LocalRandomiser):
         """h_seed(value), the bucket a device holding ``value`` randomises under ``seed``."""
         return self.family.hash_value(seed, value)
 
-    def _checked_values(self, values: Sequence[int]) -> IntArray:
-        """The values as an int64 array; ValueError (as ``check_value``) for any bad one."""
-        if len(values) == 0:
-            return np.zeros(0, dtype=np.int64)
-        array = np.asarray(values)
-        if array.ndim != 1 or array.dtype.kind not in "iub":
-            for value in values:
-                self.check_value(value)
-            raise ValueError("values must be a flat sequence of integers")
-        array = array.astype(np.int64)
-        if array.size and (int(array.min()) < 0 or int(array.max()) >= self.domain_size):
-            bad = int(array[(array < 0) | (array >= self.domain_size)][0])
-            raise ValueError(f"value {bad} is outside the domain 0..{self.domain_size - 1}")
-        return array
-
     # ------------------------------------------------------------------ device side
 
     def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
@@ -393,7 +378,7 @@ class OptimisedLocalHashing(LocalRandomiser):
         return self.pack(seed, keep * bucket + (1 - keep) * other)
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
-        array = self._checked_values(values)
+        array = self.checked_values(values)
         n = int(array.size)
         if n == 0:
             return []

@@ -124,7 +124,7 @@ class SubsetSelection(BitmapOracle):
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
         """Vectorised: the same law as ``randomise`` (64-bit inclusion draws, partial Fisher-Yates)."""
-        checked = self._checked_values(values)
+        checked = self.checked_values(values)
         source = rng or default_rng()
         others, omega = self.domain_size - 1, self.subset_size
         rows = self._rows_per_chunk()

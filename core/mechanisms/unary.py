@@ -89,16 +89,6 @@ class BitmapOracle(LocalRandomiser):
     def _rows_per_chunk(self) -> int:
         return max(1, _CHUNK_ELEMENTS // self.domain_size)
 
-    def _checked_values(self, values: Sequence[int]) -> IntArray:
-        """The values as int64, or ValueError for any non-integer or out-of-domain one."""
-        array = np.asarray(values)
-        integral = array.ndim == 1 and array.dtype.kind in "iub"
-        if integral and (array.size == 0 or (int(array.min()) >= 0 and int(array.max()) < self.domain_size)):
-            return array.astype(np.int64)
-        for value in values:
-            self.check_value(value)
-        return np.fromiter((operator.index(v) for v in values), dtype=np.int64, count=len(values))
-
     def _payloads(self, bits: BoolMatrix) -> list[bytes]:
         """Rows of a (n, d) bit matrix as packed big-endian payloads, spare bits zero."""
         blob = np.packbits(bits, axis=1).tobytes()
@@ -189,7 +179,7 @@ class UnaryEncoding(BitmapOracle):
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
         """Simulation path, same law as ``randomise`` at about 1/8 of the randomness (``_lazy_bits``)."""
-        checked = self._checked_values(values)
+        checked = self.checked_values(values)
         source = rng or default_rng()
         d, rows = self.domain_size, self._rows_per_chunk()
         out: list[bytes] = []
