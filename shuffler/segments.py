@@ -26,14 +26,14 @@ from typing import Final, overload
 import numpy as np
 import numpy.typing as npt
 
-from deniable.core.errors import ConfigurationError
-from deniable.core.sqlite import open_database
 from deniable.shuffler.spool import (
     BatchRecord,
     CampaignSpoolStats,
     Envelope,
     Permutation,
     new_batch_id,
+    open_spool_database,
+    write_transaction,
 )
 from deniable.v1 import deniable_pb2 as pb
 
@@ -391,31 +391,16 @@ class SegmentSpool:
         self._queue_lock = threading.Lock()
         self._queue: list[_Append] = []
         _create_with_large_pages(path)
-        self._db = open_database(path)
-        try:
-            self._db.execute("PRAGMA secure_delete=ON")
-            self._db.executescript(_SCHEMA)
-            self._migrate_rows()
-        except sqlite3.Error as exc:
-            self._db.close()
-            raise ConfigurationError(f"cannot use spool {path}: {exc}") from exc
+        self._db = open_spool_database(path, _SCHEMA, self._migrate_rows)
 
     # -- writing -----------------------------------------------------------------------------
 
     def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                work(self._db)
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+        write_transaction(self._db, self._lock, work)
 
-    def _migrate_rows(self) -> None:
+    def _migrate_rows(self, spool_db: sqlite3.Connection) -> None:
         """Move reports from the per-report layout (``SqliteSpool``) into segments, once."""
-        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {row[0] for row in spool_db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "pending" not in tables and "batch_reports" not in tables:
             return
 
@@ -448,7 +433,7 @@ class SegmentSpool:
                 db.execute("DELETE FROM batch_reports")
                 db.execute("DELETE FROM batches")
 
-        self._write(work)
+        write_transaction(spool_db, self._lock, work)
 
     @staticmethod
     def _insert_pending(db: sqlite3.Connection, campaign_id: str, columns: Columns) -> None:

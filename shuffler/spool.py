@@ -151,30 +151,47 @@ CREATE TABLE IF NOT EXISTS campaigns (
 """
 
 
+def open_spool_database(
+    path: Path, schema: str, setup: Callable[[sqlite3.Connection], None] | None = None
+) -> sqlite3.Connection:
+    """Open a spool file with secure_delete and ``schema`` (then ``setup``); ConfigurationError."""
+    db = open_database(path)
+    try:
+        db.execute("PRAGMA secure_delete=ON")
+        db.executescript(schema)
+        if setup is not None:
+            setup(db)
+    except sqlite3.Error as exc:
+        db.close()
+        raise ConfigurationError(f"cannot use spool {path}: {exc}") from exc
+    return db
+
+
+def write_transaction(
+    db: sqlite3.Connection, lock: threading.Lock, work: Callable[[sqlite3.Connection], object]
+) -> None:
+    """Run ``work`` in one IMMEDIATE transaction under ``lock``; rolled back on any error."""
+    with lock:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            work(db)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+
 class SqliteSpool:
     """SpoolStore on one SQLite file (WAL, synchronous=FULL, secure_delete); thread safe."""
 
     def __init__(self, path: Path) -> None:
         """Open or create the spool at ``path``; ConfigurationError if the place is unusable."""
         self._lock = threading.Lock()
-        self._db = open_database(path)
-        try:
-            self._db.execute("PRAGMA secure_delete=ON")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            self._db.close()
-            raise ConfigurationError(f"cannot use spool {path}: {exc}") from exc
+        self._db = open_spool_database(path, _SCHEMA)
 
     def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                work(self._db)
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+        write_transaction(self._db, self._lock, work)
 
     def append(self, reports: Sequence[Envelope]) -> None:
         """Insert every report in one durable transaction (nothing if ``reports`` is empty)."""
