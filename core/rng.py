@@ -183,6 +183,53 @@ class Csprng:
         """``count`` independent ``discrete_laplace(scale)`` draws (a loop: same exact law)."""
         return np.fromiter((self.discrete_laplace(scale) for _ in range(count)), dtype=np.int64, count=count)
 
+    def polya_many(self, nonzero: Fraction, shares: int, count: int) -> npt.NDArray[np.int64]:
+        """``count`` exact draws of NB(1/shares, a) with a = 1 - (1 - nonzero)**shares.
+
+        ``shares`` such draws add up to a geometric (P[k] = (1 - a) a^k; Polya infinite
+        divisibility), so two sums differ by a discrete Laplace. A draw is 0 w.p. exactly
+        1 - nonzero (one vectorised Bernoulli); the rare others come from ``_polya_positive``.
+        """
+        nonzero = Fraction(nonzero)
+        if not 0 < nonzero < 1 or shares < 1:
+            raise ValueError("need 0 < nonzero < 1 and shares >= 1")
+        out = np.zeros(count, dtype=np.int64)
+        for index in np.flatnonzero(self.bernoulli_array(nonzero, count)):
+            out[index] = self._polya_positive(nonzero, shares)
+        return out
+
+    def _polya_positive(self, nonzero: Fraction, shares: int) -> int:
+        """K given K >= 1, K ~ NB(1/shares, a): inversion of an exact uniform, a bracketed lazily.
+
+        P[K = k | K >= 1] = (1 - nonzero) / nonzero * c_k a^k, c_k = prod_{j<k} (1/shares + j)/(j + 1).
+        The cumulative sums rise with a, so brackets of a bracket them; U's bits and a's precision
+        are refined until every comparison is certain: the result is the exact inversion of U.
+        """
+        scale = (1 - nonzero) / nonzero
+        shape = Fraction(1, shares)
+        bits, word = 64, self.randbits(64)
+        precision = 128
+        while True:
+            low_a, high_a = polya_alpha_bounds(nonzero, shares, precision)
+            u_low, u_high = Fraction(word, 1 << bits), Fraction(word + 1, 1 << bits)
+            k, coefficient = 1, shape
+            term_low, term_high = low_a, high_a  # c_k a^k at both ends
+            cum_low = cum_high = Fraction(0)
+            while True:
+                cum_low += coefficient * term_low
+                cum_high += coefficient * term_high
+                if u_high <= scale * cum_low:
+                    return k  # U < F_k for certain (and U >= F_{k-1} was certain)
+                if u_low < scale * cum_high:
+                    break  # undecided: refine U and a
+                coefficient *= (shape + k) / (k + 1)
+                term_low *= low_a
+                term_high *= high_a
+                k += 1
+            word = (word << 64) | self.randbits(64)
+            bits += 64
+            precision *= 2
+
     def permutation(self, count: int) -> npt.NDArray[np.int64]:
         """A uniformly random permutation of range(count).
 
@@ -197,6 +244,42 @@ class Csprng:
             sorted_keys = keys[order]
             if count < 2 or not bool(np.any(sorted_keys[1:] == sorted_keys[:-1])):
                 return order.astype(np.int64)
+
+
+def polya_alpha_bounds(nonzero: Fraction, shares: int, precision: int) -> tuple[Fraction, Fraction]:
+    """Rationals lo <= a <= hi, a = 1 - (1 - nonzero)**shares, to about 2**-precision relative.
+
+    Repeated squaring with every product rounded down (for the lower power) or up (upper), so
+    no huge exact power (shares may be 10**6) is ever formed.
+    """
+    base = 1 - Fraction(nonzero)
+    one = 1 << precision
+    base_low = (base.numerator << precision) // base.denominator
+    base_high = -((-base.numerator << precision) // base.denominator)
+    power_low = power_high = one
+    exponent = shares
+    while exponent:
+        if exponent & 1:
+            power_low = (power_low * base_low) >> precision
+            power_high = -((-power_high * base_high) >> precision)
+        exponent >>= 1
+        if exponent:
+            base_low = (base_low * base_low) >> precision
+            base_high = -((-base_high * base_high) >> precision)
+    return Fraction(one - min(power_high, one), one), Fraction(one - power_low, one)
+
+
+def polya_probability(k: int, nonzero: Fraction, shares: int) -> Fraction:
+    """Exact P[K = k] for K ~ NB(1/shares, a), a = 1 - (1 - nonzero)**shares (tests, auditors)."""
+    if k < 0:
+        return Fraction(0)
+    silent = 1 - Fraction(nonzero)
+    a = 1 - silent**shares
+    shape = Fraction(1, shares)
+    coefficient = Fraction(1)
+    for j in range(k):
+        coefficient *= (shape + j) / (j + 1)
+    return silent * coefficient * a**k
 
 
 _default = Csprng()

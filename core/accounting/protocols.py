@@ -5,8 +5,9 @@
   n >= 100 ln(2/delta) / eps^2 with 1 - p = 50 ln(2/delta) / (eps^2 n)); two buckets change.
 - Sample and threshold (Bharadwaj & Cormode 2022): the exact hockey-stick profile of the
   released, thresholded histogram (worst case over the other users), as Li, Qardaji, Su 2012.
-- Multi-message summation: exact profile of the binomial-difference noise plus the split-and-mix
-  share-hiding distance (second-moment bound, as in Balle et al. 2019 / Ghazi et al. 2020).
+- Multi-message summation: exact profile of the total noise (Polya differences, discrete Laplace
+  at the planned n, or binomial differences) plus the split-and-mix share-hiding distance
+  (second-moment bound, as in Balle et al. 2019 / Ghazi et al. 2020).
 
 A protocol outside its analysis's validity gets ``not_applicable``: epsilon = inf, never a number
 the analysis does not give.
@@ -33,6 +34,7 @@ CHEU = "Cheu et al. 2019 randomiser: exact shuffled binary-RR profile"
 BALCER_CHEU = "Balcer-Cheu 2020 histogram theorem"
 SAMPLE_THRESHOLD = "sample-and-threshold: exact profile of the released histogram"
 MULTI_SUM = "multi-message sum: exact binomial-difference profile + split-and-mix distance"
+MULTI_SUM_POLYA = "multi-message sum: exact Polya (discrete Laplace) noise profile + split-and-mix distance"
 
 
 def not_applicable(analysis: str, reason: str) -> AmplificationBound:
@@ -243,11 +245,50 @@ def binomial_difference(n: int, p: float) -> tuple[int, np.ndarray, float]:
     return lo - hi, pmf, min(1.0, 2 * neglected)
 
 
-def noise_delta(n: int, p: float, epsilon: float) -> float:
-    """D_{e^eps}(S + 1 + W || S + W) for W = Bin(n, p) - Bin(n, p) (symmetric: both directions)."""
+def polya_difference(n: int, shares: int, nonzero: float) -> tuple[int, np.ndarray, float]:
+    """(offset, pmf, neglected) of the noise for the privacy profile: polya_law at min(n, shares).
+
+    Beyond n = shares, NB(s) = NB(1) + NB(s - 1) independent: more devices only add noise, so
+    the profile at shares stays valid (and the support stays small).
+    """
+    return polya_law(min(n, shares), shares, nonzero)
+
+
+@functools.lru_cache(maxsize=64)
+def polya_law(n: int, shares: int, nonzero: float) -> tuple[int, np.ndarray, float]:
+    """(offset, pmf, neglected) for W = Y - Y', Y, Y' ~ NB(n / shares, a), a = 1 - (1 - nonzero)^shares.
+
+    The sum of n devices' Polya draws (each NB(1/shares, a)); the pmf runs on a window whose
+    outside mass ("neglected") is at most 2 e^-60.
+    """
+    s = n / shares
+    a = -math.expm1(shares * math.log1p(-nonzero))
+    mean, var = s * a / (1 - a), s * a / (1 - a) ** 2
+    top = max(8, math.ceil(mean + 40 * math.sqrt(var) + _LOG_TAIL / -math.log(a)))
+    while True:
+        k = np.arange(top, dtype=np.float64)
+        steps = math.log(a) + np.log((k[:-1] + s) / (k[:-1] + 1))  # log P[k+1] - log P[k]
+        logs = np.concatenate(([n * math.log1p(-nonzero)], n * math.log1p(-nonzero) + np.cumsum(steps)))
+        ratio = a * (top - 1 + s) / top if s > 1 else a  # P[k+1]/P[k] for every k >= top - 1
+        tail = math.exp(float(logs[-1])) * ratio / (1 - ratio) if ratio < 1 else math.inf
+        if tail <= math.exp(-_LOG_TAIL):
+            break
+        top *= 2
+    single = np.exp(logs)
+    pmf = np.convolve(single, single[::-1])
+    return 1 - top, pmf, min(1.0, 2 * tail)
+
+
+def noise_law(n: int, p: float, polya_shares: int = 0) -> tuple[int, np.ndarray, float]:
+    """The total noise of n devices: Polya differences if ``polya_shares`` > 0, else binomial."""
+    return polya_difference(n, polya_shares, p) if polya_shares > 0 else binomial_difference(n, p)
+
+
+def noise_delta(n: int, p: float, epsilon: float, polya_shares: int = 0) -> float:
+    """D_{e^eps}(S + 1 + W || S + W) for the total noise W (symmetric: both directions)."""
     if n == 0 or p == 0:
         return 1.0
-    _, pmf, neglected = binomial_difference(n, p)
+    _, pmf, neglected = noise_law(n, p, polya_shares)
     shifted = np.concatenate(([0.0], pmf))  # P[W = w - 1] aligned with P[W = w]
     here = np.concatenate((pmf, [0.0]))
     hockey = float(np.clip(shifted - math.exp(epsilon) * here, 0.0, None).sum())
@@ -287,31 +328,41 @@ def share_hiding_distance(n: int, m: int, q: int) -> float:
     return min(1.0, 0.5 * math.sqrt(chi2))
 
 
-def multi_sum_delta(n: int, p: float, m: int, q: int, epsilon: float) -> float:
+def multi_sum_delta(n: int, p: float, m: int, q: int, epsilon: float, polya_shares: int = 0) -> float:
     """delta of the whole view at eps: noise profile + (1 + e^eps) x share-hiding distance."""
-    return min(1.0, noise_delta(n, p, epsilon) + (1 + math.exp(epsilon)) * share_hiding_distance(n, m, q))
+    return min(
+        1.0,
+        noise_delta(n, p, epsilon, polya_shares) + (1 + math.exp(epsilon)) * share_hiding_distance(n, m, q),
+    )
 
 
 @functools.lru_cache(maxsize=256)
-def multi_sum_guarantee(n: int, p: float, m: int, q: int, delta: float) -> AmplificationBound:
-    """Smallest eps with multi_sum_delta <= delta (the noise term falls with eps, the share term rises)."""
+def multi_sum_guarantee(
+    n: int, p: float, m: int, q: int, delta: float, polya_shares: int = 0
+) -> AmplificationBound:
+    """Smallest eps with multi_sum_delta <= delta (the noise term falls with eps, the share term rises).
+
+    ``polya_shares`` > 0: each device's noise is a difference of NB(1/polya_shares, a) draws
+    (discrete Laplace in total at polya_shares devices); 0: Bernoulli(p) differences.
+    """
     _check_delta(delta)
+    analysis = MULTI_SUM_POLYA if polya_shares > 0 else MULTI_SUM
     if n < 1:
-        return not_applicable(MULTI_SUM, "no devices")
+        return not_applicable(analysis, "no devices")
     eta = share_hiding_distance(n, m, q)
     if 2 * eta >= delta:
         return not_applicable(
-            MULTI_SUM, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
+            analysis, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
         )
 
     def total(eps: float) -> float:
-        return multi_sum_delta(n, p, m, q, eps)
+        return multi_sum_delta(n, p, m, q, eps, polya_shares)
 
     previous, upper = 0.0, 1 / 64
     while total(upper) > delta:
         previous, upper = upper, upper * 1.25
         if upper > 50:
-            return not_applicable(MULTI_SUM, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
+            return not_applicable(analysis, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
     if previous > 0 or total(0.0) > delta:
         for _ in range(60):  # total(previous) > delta >= total(upper); the crossing lies between
             mid = (previous + upper) / 2
@@ -323,8 +374,13 @@ def multi_sum_guarantee(n: int, p: float, m: int, q: int, delta: float) -> Ampli
                 break
     else:
         upper = 0.0
+    law = (
+        f"NB(n/{polya_shares}, a)-NB(n/{polya_shares}, a), P[draw > 0]={p:.6g}"
+        if polya_shares > 0
+        else f"Bin(n,p)-Bin(n,p), p={p:.6g}"
+    )
     note = (
-        f"noise Bin(n,p)-Bin(n,p), p={p:.6g}, n={n}: delta_noise={noise_delta(n, p, upper):.3g};"
+        f"noise {law}, n={n}: delta_noise={noise_delta(n, p, upper, polya_shares):.3g};"
         f" split-and-mix m={m}, q={q}: TV <= {eta:.3g} (x (1 + e^eps))"
     )
-    return AmplificationBound(upper, delta, MULTI_SUM, True, note)
+    return AmplificationBound(upper, delta, analysis, True, note)

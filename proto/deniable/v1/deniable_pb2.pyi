@@ -49,9 +49,11 @@ class _MechanismEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Mechanism.V
     BALCER_CHEU_HISTOGRAM: _Mechanism.ValueType  # 9
     """Balcer & Cheu 2020 multi-message histogram"""
     MULTI_MESSAGE_SUM: _Mechanism.ValueType  # 10
-    """multi-message summation with discrete-Laplace-like noise"""
+    """multi-message summation, Polya shares: discrete Laplace in total"""
     SAMPLE_AND_THRESHOLD: _Mechanism.ValueType  # 11
     """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
+    MULTI_MESSAGE_SUM_BINOMIAL: _Mechanism.ValueType  # 12
+    """multi-message summation, Bernoulli shares (finite exact law)"""
 
 class Mechanism(_Mechanism, metaclass=_MechanismEnumTypeWrapper):
     """Local randomiser of a campaign. Values are stable: new mechanisms append."""
@@ -76,9 +78,11 @@ CHEU_BINARY_SUM: Mechanism.ValueType  # 8
 BALCER_CHEU_HISTOGRAM: Mechanism.ValueType  # 9
 """Balcer & Cheu 2020 multi-message histogram"""
 MULTI_MESSAGE_SUM: Mechanism.ValueType  # 10
-"""multi-message summation with discrete-Laplace-like noise"""
+"""multi-message summation, Polya shares: discrete Laplace in total"""
 SAMPLE_AND_THRESHOLD: Mechanism.ValueType  # 11
 """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
+MULTI_MESSAGE_SUM_BINOMIAL: Mechanism.ValueType  # 12
+"""multi-message summation, Bernoulli shares (finite exact law)"""
 Global___Mechanism: _TypeAlias = Mechanism  # noqa: Y015
 
 class _DomainKind:

@@ -1,4 +1,6 @@
-"""multi_message_sum: share hiding, the noise profile, the whole shuffled view, the estimator.
+"""multi_message_sum_binomial: share hiding, the noise profile, the whole shuffled view, the estimator.
+
+(The Polya-noise ``multi_message_sum`` shares this code path; its own tests: test_multi_sum_polya.py.)
 
 Brute force on tiny parameters, in exact rational arithmetic: the law of the shuffled multiset of
 shares (a count vector over Z_q) is the convolution of the devices' exact share laws. Checked:
@@ -27,16 +29,16 @@ from deniable.core.accounting.protocols import (
     share_hiding_distance,
 )
 from deniable.core.mechanisms.exact import exp_lower_bound
-from deniable.core.mechanisms.multi_sum import MultiMessageSum
+from deniable.core.mechanisms.multi_sum import BinomialMultiMessageSum
 from deniable.v1 import deniable_pb2 as pb
 
 ALPHA = 1e-6  # false-failure rate of each statistical assertion
 Law = dict[tuple[int, ...], Fraction]
 
 
-def build(eps: float = 1.0, **params: float) -> MultiMessageSum:
-    mech = mechanisms.create("multi_message_sum", epsilon0=eps, domain_size=2, **params)
-    assert isinstance(mech, MultiMessageSum)
+def build(eps: float = 1.0, **params: float) -> BinomialMultiMessageSum:
+    mech = mechanisms.create("multi_message_sum_binomial", epsilon0=eps, domain_size=2, **params)
+    assert isinstance(mech, BinomialMultiMessageSum)
     return mech
 
 
@@ -192,7 +194,7 @@ def test_defaults_meet_the_target_with_the_smallest_noise() -> None:
 
 def test_registry_round_trip_from_float_params() -> None:
     mech = build(1.0, expected_n=5000.0, delta=1e-6)
-    assert mechanisms.name_for_proto(pb.MULTI_MESSAGE_SUM) == "multi_message_sum"
+    assert mechanisms.name_for_proto(pb.MULTI_MESSAGE_SUM_BINOMIAL) == "multi_message_sum_binomial"
     params = mech.parameters()
     assert set(params) == {"expected_n", "delta", "messages", "modulus", "noise_probability"}
     again = build(1.0, **{k: float(v) for k, v in params.items()})
@@ -215,7 +217,7 @@ def test_bad_parameters_are_value_errors(params: dict[str, float]) -> None:
         build(1.0, **params)
 
 
-def tiny() -> MultiMessageSum:
+def tiny() -> BinomialMultiMessageSum:
     return build(1.0, expected_n=4.0, delta=0.3, messages=2.0, modulus=5.0, noise_probability=0.25)
 
 
