@@ -462,7 +462,9 @@ def parameter_sets(
 
     A mechanism whose accuracy depends on parameters beyond epsilon0 (a sample rate, say) may
     define ``planning_parameters(target_epsilon, delta, n, domain_size)`` as a classmethod
-    returning candidate parameter dicts; the planner keeps the one with the smallest error.
+    returning candidate parameter dicts; the planner keeps the one with the smallest error. An
+    empty list from the hook means no parameters meet the target: it is returned as it is (the
+    defaults are not tried) and ``best_configuration`` lists the mechanism as infeasible.
     """
     from deniable.core import mechanisms
 
@@ -470,11 +472,10 @@ def parameter_sets(
     hook = getattr(mechanisms.mechanism_class(name), "planning_parameters", None)
     if not callable(hook):
         return [context]
-    found: list[dict[str, float]] = [
+    return [
         {**context, **{str(k): float(v) for k, v in p.items()}}
         for p in hook(target_epsilon, delta, n, domain_size)
     ]
-    return found or [context]
 
 
 def context_parameters(name: str, n: int, delta: float) -> dict[str, float]:
@@ -501,6 +502,13 @@ def best_configuration(
         sets = [{**context_parameters(name, n, delta), **params}]
     else:
         sets = parameter_sets(name, target_epsilon, delta, n, domain_size)
+        if not sets:
+            return Candidate(
+                mechanism=name,
+                feasible=False,
+                note=f"no parameters meet central epsilon <= {target_epsilon:g} at delta={delta:g},"
+                f" n={n} (its planning_parameters proposes none)",
+            )
     tried = [largest_epsilon0(name, target_epsilon, delta, n, domain_size, p) for p in sets]
     return min(tried, key=lambda c: (not c.feasible, c.expected_std_error))
 

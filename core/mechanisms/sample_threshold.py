@@ -6,6 +6,7 @@ device sends exactly one message. The aggregator counts c_j per bucket and relea
 x_j = c_j / s when c_j > tau, else 0 (suppressed). Not locally private: epsilon0 is the central
 target, met by the released histogram (see ``accounting.protocols.sample_threshold_guarantee``);
 the aggregator itself sees the raw sampled counts and is trusted to threshold them.
+``planning_parameters`` proposes (s, tau) pairs meeting a central target for the planner to rank.
 Shared message helpers for the other shuffle-only protocols live here too.
 """
 
@@ -15,12 +16,13 @@ import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from deniable.core.accounting._binomial import log_pmf
-from deniable.core.accounting.protocols import sample_threshold_guarantee
+from deniable.core.accounting.protocols import sample_threshold_add_delta, sample_threshold_guarantee
 from deniable.core.accounting.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import (
     Estimate,
@@ -35,6 +37,12 @@ from deniable.v1 import deniable_pb2 as pb
 
 DEFAULT_DELTA = 1e-6  # as the aggregator's default campaign delta
 MAX_THRESHOLD = 10_000
+RATE_BITS: Final = 16  # planned and default sample rates are multiples of 2**-16 (exact in params)
+# Shares of the central target the planner tries spending on sampling (ln(1/(1 - s)) = share x eps);
+# the rest goes to the threshold. 1/2 is the constructor's default.
+PLANNING_SHARES: Final = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 0.9375)
+# The planner's threshold search stops within this relative distance of the smallest valid tau.
+PLANNING_TAU_TOLERANCE: Final = 1 / 32
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -114,6 +122,111 @@ def _suppressed_upper(rate: float, threshold: int, confidence: float) -> int:
     return lo
 
 
+# --------------------------------------------------------------------------- parameters
+
+
+def sample_rate_for(epsilon: float) -> float:
+    """1 - e^-epsilon (sampling alone costs epsilon), rounded down to a multiple of 2**-16 for params."""
+    return math.floor(-math.expm1(-epsilon) * (1 << RATE_BITS)) / (1 << RATE_BITS)
+
+
+def refusal(rate: Fraction, threshold: int, delta: float, epsilon0: float) -> str | None:
+    """Why (s, tau, delta) is refused for the central target epsilon0; None when it is allowed."""
+    sample_rate = float(rate)
+    if rate**threshold > Fraction(delta):
+        return (
+            f"s^tau = {sample_rate**threshold:.3g} > delta = {delta:g}: tau = {threshold} users with"
+            " the same value would all be released with probability s^tau; raise the threshold"
+        )
+    bound = sample_threshold_guarantee(sample_rate, threshold, delta)
+    if not bound.amplified:
+        return bound.note
+    if bound.epsilon > epsilon0 * (1 + 1e-9):
+        return (
+            f"s={sample_rate:g}, tau={threshold} give central epsilon {bound.epsilon:.4g} at"
+            f" delta={delta:g}, above the target epsilon0={epsilon0:g}"
+        )
+    return None
+
+
+def power_floor(rate: Fraction, delta: float) -> int:
+    """Smallest tau >= 0 with s^tau <= delta (exactly): no smaller threshold is ever allowed."""
+    tau = max(0, math.ceil(math.log(delta) / math.log(rate)))
+    if tau > MAX_THRESHOLD + 1:  # refused anyway: skip exact powers with millions of bits
+        return tau
+    while rate**tau > Fraction(delta):
+        tau += 1
+    while tau > 0 and rate ** (tau - 1) <= Fraction(delta):
+        tau -= 1
+    return tau
+
+
+def planned_threshold(rate: float, epsilon0: float, delta: float, start: int, largest: int) -> int | None:
+    """A tau in [start, largest] allowed at (s, delta, epsilon0), within 1/32 of the smallest; else None."""
+    # The guarantee is eps_add + ln(1/(1 - s)), eps_add the smallest eps with profile(eps) <= delta,
+    # so a tau fits when the profile at the budget eps0 - ln(1/(1 - s)) is <= delta: one profile
+    # evaluation per probe instead of an epsilon search. Doubling from start, then bisection: a
+    # larger tau only suppresses more (post-processing of the release at a smaller tau), so the
+    # profile does not grow with tau. The answer is then confirmed by ``refusal`` (the full
+    # guarantee); a rounding wobble can only make the search miss a pair, never return a bad one.
+    budget = epsilon0 + math.log1p(-rate)
+    if budget <= 0:
+        return None
+
+    def fits(tau: int) -> bool:
+        return sample_threshold_add_delta(rate, tau, budget) <= delta
+
+    exact = Fraction(rate)
+    bad = max(start, power_floor(exact, delta)) - 1  # refused: below the floor, or below the caller's start
+    tau = bad + 1
+    if tau > largest:
+        return None
+    while not fits(tau):
+        bad = tau
+        if tau >= largest:
+            return None
+        tau = min(largest, max(tau + 1, 2 * tau))
+    while tau - bad > max(1, math.floor(tau * PLANNING_TAU_TOLERANCE)):
+        middle = (bad + tau) // 2
+        if fits(middle):
+            tau = middle
+        else:
+            bad = middle
+    for _ in range(3):  # the epsilon search may land a hair above the budget: step up a little
+        if refusal(exact, tau, delta, epsilon0) is None:
+            return tau
+        tau += max(1, math.floor(tau * PLANNING_TAU_TOLERANCE))
+        if tau > largest:
+            break
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def planning_pairs(
+    target_epsilon: float, delta: float, n: int, domain_size: int
+) -> tuple[tuple[float, int], ...]:
+    """(s, tau) pairs meeting (target_epsilon, delta), cached: the planner's candidates for this mechanism."""
+    # One pair per share of the target spent on sampling, s = 1 - e^(-share x target), tau about
+    # the smallest allowed. A larger share gives a larger s (less variance) but needs a larger
+    # tau (more suppression). After the first pair the list stops once tau would exceed n s / k,
+    # the sampled count of a bucket under the planner's uniform truth (suppressed half the
+    # time). Empty when no tau up to MAX_THRESHOLD meets the target at the smallest share.
+    typical = n / domain_size
+    found: list[tuple[float, int]] = []
+    tau = 0
+    for share in PLANNING_SHARES:
+        rate = sample_rate_for(share * target_epsilon)
+        if rate <= (found[-1][0] if found else 0.0):  # 0, or the previous share's grid point
+            continue
+        largest = MAX_THRESHOLD if not found else min(MAX_THRESHOLD, math.floor(typical * rate))
+        planned = planned_threshold(rate, target_epsilon, delta, tau, largest)
+        if planned is None:
+            break
+        tau = planned
+        found.append((rate, tau))
+    return tuple(found)
+
+
 # --------------------------------------------------------------------------- the protocol
 
 
@@ -142,7 +255,7 @@ class SampleAndThreshold(LocalRandomiser):
         if domain_size > 1 << 24:
             raise ValueError("sample_and_threshold supports at most 2**24 categories")
         if sample_rate == 0.0:
-            sample_rate = math.floor(-math.expm1(-epsilon0 / 2) * (1 << 16)) / (1 << 16)
+            sample_rate = sample_rate_for(epsilon0 / 2)
         self.sample_rate = probability_param(sample_rate, "sample_rate")
         self.rate = Fraction(self.sample_rate)
         if self.rate.denominator > 1 << 62:
@@ -157,26 +270,13 @@ class SampleAndThreshold(LocalRandomiser):
 
     def _check(self, tau: int, raise_errors: bool) -> bool:
         """Whether (s, tau, delta) is allowed and meets epsilon0 (ValueError saying why, if asked)."""
-        reason = None
-        if self.rate**tau > Fraction(self.delta):
-            reason = (
-                f"s^tau = {self.sample_rate**tau:.3g} > delta = {self.delta:g}: tau = {tau} users with"
-                " the same value would all be released with probability s^tau; raise the threshold"
-            )
-        else:
-            bound = sample_threshold_guarantee(self.sample_rate, tau, self.delta)
-            if not bound.amplified:
-                reason = bound.note
-            elif bound.epsilon > self.epsilon0 * (1 + 1e-9):
-                reason = (
-                    f"s={self.sample_rate:g}, tau={tau} give central epsilon {bound.epsilon:.4g} at"
-                    f" delta={self.delta:g}, above the target epsilon0={self.epsilon0:g}"
-                )
+        reason = refusal(self.rate, tau, self.delta, self.epsilon0)
         if reason is not None and raise_errors:
             raise ValueError(f"sample_and_threshold refuses these parameters: {reason}")
         return reason is None
 
     def _smallest_threshold(self) -> int:
+        """The smallest tau meeting epsilon0 (stepping by 1 to 64, then by 1/8)."""
         tau = max(0, math.ceil(math.log(self.delta) / math.log(self.sample_rate)))
         while tau <= MAX_THRESHOLD:
             if self._check(tau, raise_errors=False):
@@ -186,6 +286,14 @@ class SampleAndThreshold(LocalRandomiser):
 
     def parameters(self) -> dict[str, float]:
         return {"sample_rate": self.sample_rate, "threshold": float(self.threshold), "delta": self.delta}
+
+    @classmethod
+    def planning_parameters(
+        cls, target_epsilon: float, delta: float, n: int, domain_size: int
+    ) -> list[dict[str, float]]:
+        """(s, tau) pairs meeting the central target, for the planner to rank: s trades variance for tau."""
+        pairs = planning_pairs(float(target_epsilon), float(delta), int(n), int(domain_size))
+        return [{"sample_rate": rate, "threshold": float(tau)} for rate, tau in pairs]
 
     def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
         """The released histogram's (eps, delta); the same for every n (worst case over the others)."""

@@ -21,7 +21,14 @@ from scipy import stats
 from deniable.core import mechanisms
 from deniable.core.accounting.protocols import sample_threshold_add_delta, sample_threshold_guarantee
 from deniable.core.mechanisms.exact import exp_lower_bound
-from deniable.core.mechanisms.sample_threshold import SampleAndThreshold
+from deniable.core.mechanisms.sample_threshold import (
+    MAX_THRESHOLD,
+    PLANNING_SHARES,
+    PLANNING_TAU_TOLERANCE,
+    SampleAndThreshold,
+    refusal,
+    sample_rate_for,
+)
 from deniable.v1 import deniable_pb2 as pb
 
 ALPHA = 1e-6  # false-failure rate of each statistical assertion
@@ -84,6 +91,55 @@ def test_smallest_threshold_is_chosen_when_absent() -> None:
 def test_bad_parameters_are_value_errors(params: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         build(20.0, 3, **params)
+
+
+# --------------------------------------------------------------------------- planning parameters
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "n", "k"), [(1.0, 1e-6, 100_000, 200), (1.0, 1e-6, 20_000, 8), (0.3, 1e-9, 50_000, 5)]
+)
+def test_planning_parameters_meet_the_target_with_nearly_the_smallest_threshold(
+    eps: float, delta: float, n: int, k: int
+) -> None:
+    """Every proposed (s, tau) is accepted at epsilon0 = target, and tau minus 1/32 of it is refused."""
+    proposed = SampleAndThreshold.planning_parameters(eps, delta, n, k)
+    assert len(proposed) >= 3
+    rates = [p["sample_rate"] for p in proposed]
+    assert rates == sorted(set(rates))  # one pair per share, s strictly increasing
+    for p in proposed:
+        assert set(p) == {"sample_rate", "threshold"}
+        s, tau = p["sample_rate"], int(p["threshold"])
+        assert p["threshold"] == tau and (s * 2**16).is_integer()  # exact as Campaign.params doubles
+        assert Fraction(s) ** tau <= Fraction(delta)
+        bound = sample_threshold_guarantee(s, tau, delta)
+        assert bound.amplified and bound.epsilon <= eps * (1 + 1e-9)
+        assert build(eps, k, sample_rate=s, threshold=float(tau), delta=delta).threshold == tau
+        smaller = tau - max(1, math.floor(tau * PLANNING_TAU_TOLERANCE))
+        assert refusal(Fraction(s), smaller, delta, eps) is not None, (s, tau)
+        # After the first pair, tau stays below the sampled count of a uniform bucket.
+        assert p is proposed[0] or tau <= n / k * s
+    default = build(eps, k, delta=delta)  # s spends half the target; the smallest tau
+    same = [p for p in proposed if p["sample_rate"] == default.sample_rate]
+    assert same and same[0]["threshold"] <= default.threshold
+
+
+def test_planning_parameters_stop_where_a_uniform_bucket_would_be_suppressed() -> None:
+    """n/k = 5 reports per bucket: only the smallest share's pair, whose tau suppresses them all."""
+    proposed = SampleAndThreshold.planning_parameters(1.0, 1e-6, 1000, 200)
+    assert len(proposed) == 1
+    assert proposed[0]["sample_rate"] == sample_rate_for(PLANNING_SHARES[0] * 1.0)
+    assert proposed[0]["threshold"] > 5
+
+
+def test_an_impossible_target_yields_no_planning_parameters() -> None:
+    """eps = 5e-4: the smallest share's s misses it even at MAX_THRESHOLD (so not a search failure)."""
+    eps, delta = 5e-4, 1e-6
+    assert SampleAndThreshold.planning_parameters(eps, delta, 100_000, 10) == []
+    rate = sample_rate_for(PLANNING_SHARES[0] * eps)
+    assert rate > 0
+    assert "above the target" in (refusal(Fraction(rate), MAX_THRESHOLD, delta, eps) or "")
+    assert SampleAndThreshold.planning_parameters(1e-5, delta, 100_000, 10) == []  # s rounds to 0
 
 
 # --------------------------------------------------------------------------- exact laws
