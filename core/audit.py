@@ -7,6 +7,11 @@ bounds for every event in both directions, Bonferroni-corrected. With probabilit
 1 - alpha every bound holds, and then the returned value is at most the true epsilon: a result
 above the claimed epsilon0 is evidence, at level alpha, that the claim is false.
 
+Also for auditors: ``project_law``, ``audit_cannot_miss`` and ``sufficient_samples`` size an
+audit from exact laws before sampling; ``chi_square_fit`` checks that ``randomise`` samples
+``output_distribution``; ``sampled_rounds`` and ``check_estimator`` check that ``estimate`` is
+unbiased, with the variance and CI coverage it states.
+
 Needs scipy (installed with the ``dev`` extra).
 """
 
@@ -16,9 +21,15 @@ import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
+from typing import TypeVar
 
-from deniable.core.mechanisms.base import LocalRandomiser
+import numpy as np
+
+from deniable.core.mechanisms.base import FloatArray, IntArray, LocalRandomiser
 from deniable.core.rng import Csprng
+
+K = TypeVar("K", bound=Hashable)
 
 
 def clopper_pearson_lower(successes: int, trials: int, alpha: float) -> float:
@@ -51,10 +62,14 @@ def epsilon_lower_bound(
     for event in events:
         xa, xb = int(counts_a.get(event, 0)), int(counts_b.get(event, 0))
         for top, top_n, bottom, bottom_n in ((xa, trials_a, xb, trials_b), (xb, trials_b, xa, trials_a)):
-            low = clopper_pearson_lower(top, top_n, level)
-            if low > 0:
-                best = max(best, math.log(low / clopper_pearson_upper(bottom, bottom_n, level)))
+            best = max(best, _log_ratio_bound(top, top_n, bottom, bottom_n, level))
     return best
+
+
+def _log_ratio_bound(top: int, top_n: int, bottom: int, bottom_n: int, level: float) -> float:
+    """ln(lower bound of P_top / upper bound of P_bottom) at ``level`` each; -inf if no evidence."""
+    low = clopper_pearson_lower(top, top_n, level)
+    return math.log(low / clopper_pearson_upper(bottom, bottom_n, level)) if low > 0 else -math.inf
 
 
 @dataclass(frozen=True)
@@ -98,3 +113,227 @@ def audit(
     counts_b: Counter[Hashable] = Counter(key(p) for p in randomiser.randomise_many([value_b] * samples, rng))
     bound = epsilon_lower_bound(counts_a, samples, counts_b, samples, events, alpha)
     return AuditResult(randomiser.epsilon0, bound, samples, alpha)
+
+
+# ----------------------------------------------------------------------------- planning an audit
+
+
+def project_law(law: Mapping[bytes, Fraction], event_of: Callable[[bytes], K]) -> dict[K, Fraction]:
+    """The exact law of ``event_of(payload)``: what an ``audit`` with that ``event_of`` samples."""
+    out: dict[K, Fraction] = {}
+    for payload, p in law.items():
+        event = event_of(payload)
+        out[event] = out.get(event, Fraction(0)) + p
+    return out
+
+
+def audit_cannot_miss(
+    law_a: Mapping[K, Fraction],
+    law_b: Mapping[K, Fraction],
+    samples: int,
+    threshold: float,
+    *,
+    alpha: float = 1e-6,
+    miss: float = 1e-6,
+    events: Sequence[K] | None = None,
+) -> bool:
+    """True if ``audit`` with ``samples`` per input beats ``threshold`` w.p. >= 1 - miss: sizes an audit."""
+    # law_a, law_b: the exact laws of the audited events for the two inputs; alpha and events as
+    # given to ``audit`` (default events: every key of either law). For one event and direction,
+    # counts at the exact binomial miss/2 quantiles on the unfavourable side (top count low,
+    # bottom count high) still give a bound above ``threshold``; the bound is monotone in each
+    # count, so any likelier draw does too, and both quantiles hold except w.p. <= miss.
+    from scipy import stats
+
+    chosen = list(dict.fromkeys([*law_a, *law_b])) if events is None else events
+    if not chosen:
+        raise ValueError("an audit needs at least one event")
+    level = alpha / (4 * len(chosen))
+    for event in chosen:
+        pa, pb = float(law_a.get(event, 0)), float(law_b.get(event, 0))
+        for top, bottom in ((pa, pb), (pb, pa)):
+            x_top = int(stats.binom.ppf(miss / 2, samples, top))
+            x_bottom = int(stats.binom.isf(miss / 2, samples, bottom))
+            if _log_ratio_bound(x_top, samples, x_bottom, samples, level) > threshold:
+                return True
+    return False
+
+
+def sufficient_samples(
+    law_a: Mapping[K, Fraction],
+    law_b: Mapping[K, Fraction],
+    threshold: float,
+    ladder: Sequence[int],
+    *,
+    alpha: float = 1e-6,
+    miss: float = 1e-6,
+    events: Sequence[K] | None = None,
+) -> int | None:
+    """The least size on ``ladder`` at which ``audit_cannot_miss`` holds, or None: the cheapest sure audit."""
+    for n in ladder:
+        if audit_cannot_miss(law_a, law_b, n, threshold, alpha=alpha, miss=miss, events=events):
+            return n
+    return None
+
+
+# ----------------------------------------------------------------------------- goodness of fit
+
+
+@dataclass(frozen=True)
+class GoodnessOfFit:
+    """Pearson's statistic of sampled outputs against an exact law, and its level-alpha critical value."""
+
+    statistic: float
+    critical: float
+    cells: int
+
+    @property
+    def rejects(self) -> bool:
+        """True if the sample shows, at level alpha, that the outputs do not follow the law."""
+        return self.statistic > self.critical
+
+
+def chi_square_fit(
+    observed: Mapping[K, int], law: Mapping[K, Fraction], alpha: float = 1e-6
+) -> GoodnessOfFit:
+    """Pearson chi-square fit of observed outputs to an exact law: does ``randomise`` sample its law."""
+    # An output outside the law's support fails outright (exactly, not statistically). Outputs
+    # expected fewer than 5 times are pooled, least likely first, into one cell grown until it
+    # expects >= 5, which keeps the chi-square approximation valid; with no such outputs every
+    # output is its own cell.
+    from scipy import stats
+
+    support = {output for output, p in law.items() if p > 0}
+    if any(count and output not in support for output, count in observed.items()):
+        raise ValueError("an output outside the law's support was observed")
+    n = sum(observed.values())
+    outputs = sorted(law, key=lambda output: law[output])
+    cells: list[tuple[float, int]] = []
+    pool_expected, pool_observed, i = 0.0, 0, 0
+    while i < len(outputs) and (n * float(law[outputs[i]]) < 5 or 0 < pool_expected < 5):
+        pool_expected += n * float(law[outputs[i]])
+        pool_observed += observed.get(outputs[i], 0)
+        i += 1
+    if pool_expected:
+        cells.append((pool_expected, pool_observed))
+    cells += [(n * float(law[output]), observed.get(output, 0)) for output in outputs[i:]]
+    if len(cells) < 2:
+        raise ValueError("too few samples: a fit needs two cells expected at least 5 times each")
+    statistic = sum((o - e) ** 2 / e for e, o in cells)
+    return GoodnessOfFit(statistic, float(stats.chi2.isf(alpha, len(cells) - 1)), len(cells))
+
+
+# ----------------------------------------------------------------------------- the estimator
+
+
+def sampled_rounds(
+    randomiser: LocalRandomiser,
+    truth: Sequence[int],
+    rounds: int,
+    *,
+    batched: bool = True,
+    rng: Csprng | None = None,
+) -> IntArray:
+    """Count cells of ``rounds`` rounds of ``truth`` via the real sampler and ``tally``: estimator input."""
+    values = [v for v, x in enumerate(truth) for _ in range(x)]
+    out = np.zeros((rounds, randomiser.count_cells), dtype=np.int64)
+    for r in range(rounds):
+        if batched:
+            payloads = randomiser.randomise_many(values, rng)
+        else:
+            payloads = [randomiser.randomise(v, rng) for v in values]
+        tally = randomiser.tally(payloads)
+        if tally.invalid.any():
+            raise ValueError("tally rejected a payload of the randomiser itself")
+        out[r] = tally.counts
+    return out
+
+
+@dataclass(frozen=True)
+class EstimatorCheck:
+    """What ``check_estimator`` measured per bucket, and the acceptance region of each check."""
+
+    truth: FloatArray
+    mean: FloatArray
+    mean_tolerance: FloatArray
+    variance: FloatArray
+    variance_ratio: FloatArray
+    variance_ratio_bounds: tuple[float, float]
+    covered: IntArray
+    coverage_bounds: tuple[int, int]
+    rounds: int
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per family of checks that some bucket failed; empty if the estimator passed."""
+        out = []
+        if not np.all(np.abs(self.mean - self.truth) <= self.mean_tolerance):
+            out.append(f"biased: mean {self.mean.tolist()} vs truth {self.truth.tolist()}")
+        lo, hi = self.variance_ratio_bounds
+        if not np.all((lo <= self.variance_ratio) & (self.variance_ratio <= hi)):
+            out.append(f"variance: s^2 / variance {self.variance_ratio.tolist()} outside [{lo}, {hi}]")
+        cov_lo, cov_hi = self.coverage_bounds
+        if not np.all((cov_lo <= self.covered) & (self.covered <= cov_hi)):
+            coverage = (self.covered / self.rounds).tolist()
+            out.append(f"coverage {coverage} outside [{cov_lo}, {cov_hi}] of {self.rounds} rounds")
+        return out
+
+    @property
+    def passed(self) -> bool:
+        """True if every bucket passed the mean, variance and coverage checks."""
+        return not self.failures
+
+
+def check_estimator(
+    randomiser: LocalRandomiser,
+    truth: Sequence[int],
+    counts: IntArray,
+    *,
+    alpha: float = 1e-6,
+    confidence: float = 0.95,
+) -> EstimatorCheck:
+    """Mean, variance and CI coverage of ``estimate`` over rounds: unbiased, with the variance it states?"""
+    # counts: one row of count cells per independent round of the population ``truth``. Three
+    # families of two-sided per-bucket checks share the false-failure rate alpha (Bonferroni,
+    # alpha / (3 d) each; no independence between buckets is needed):
+    # - mean: |mean - truth| <= z sqrt(variance / R), the normal approximation to a mean of R n
+    #   independent bounded terms;
+    # - variance: (R - 1) s^2 / variance inside the chi-square(R - 1) central interval, exact for
+    #   normal estimates. Estimates affine in sums of n Bernoulli terms have excess kurtosis
+    #   kappa = O(1/n), and Var(s^2) = sigma^4 (2 / (R - 1) + kappa / R): the interval is off by a
+    #   relative kappa / 2 = O(1/n), negligible at n >= 2000;
+    # - coverage: the rounds whose CI holds the truth lie in the exact Binomial(R, confidence)
+    #   central interval; this presumes the normal CI's actual coverage is within a few
+    #   thousandths of nominal at the n used (the binomial band is about +-0.02 at R = 4000).
+    from scipy import stats
+
+    d, rounds, n = len(truth), counts.shape[0], int(sum(truth))
+    if d != randomiser.domain_size:
+        raise ValueError(f"truth has {d} buckets, the randomiser {randomiser.domain_size}")
+    level = alpha / (3 * d)
+    truth_array = np.asarray(truth, dtype=np.float64)
+    estimates = np.empty((rounds, d))
+    covered = np.zeros(d, dtype=np.int64)
+    for r in range(rounds):
+        rows = randomiser.estimate([int(c) for c in counts[r]], n, confidence)
+        estimates[r] = [row.estimate for row in rows]
+        covered += np.array([row.ci_low <= x <= row.ci_high for row, x in zip(rows, truth, strict=True)])
+    variance = randomiser.variance(truth_array, n)
+    z = float(stats.norm.isf(level / 2))
+    return EstimatorCheck(
+        truth=truth_array,
+        mean=estimates.mean(axis=0),
+        mean_tolerance=z * np.sqrt(variance / rounds),
+        variance=variance,
+        variance_ratio=estimates.var(axis=0, ddof=1) / variance,
+        variance_ratio_bounds=(
+            float(stats.chi2.ppf(level / 2, rounds - 1)) / (rounds - 1),
+            float(stats.chi2.isf(level / 2, rounds - 1)) / (rounds - 1),
+        ),
+        covered=covered,
+        coverage_bounds=(
+            int(stats.binom.ppf(level / 2, rounds, confidence)),
+            int(stats.binom.isf(level / 2, rounds, confidence)),
+        ),
+        rounds=rounds,
+    )

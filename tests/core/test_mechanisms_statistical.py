@@ -13,25 +13,25 @@ the same checks at larger sizes and more parameters.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from deniable.core import mechanisms
-from deniable.core.audit import clopper_pearson_lower as cp_lower
-from deniable.core.audit import clopper_pearson_upper as cp_upper
+from deniable.core.audit import chi_square_fit, sampled_rounds, sufficient_samples
 from deniable.core.audit import epsilon_lower_bound as audit_bound
 from deniable.core.mechanisms import LocalRandomiser
 from deniable.core.mechanisms.direct import DirectEncoding, GeneralisedRandomisedResponse
 from deniable.core.rng import Csprng, default_rng
 
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import Kit
+
 ALPHA = 1e-6  # false-failure rate of each statistical test below
-Law = dict[bytes, Fraction]
 
 
 def build(name: str, eps: float, k: int) -> LocalRandomiser:
@@ -44,21 +44,6 @@ def sample(mech: LocalRandomiser, value: int, n: int) -> Counter[bytes]:
 
 
 # =========================================================================== (a) goodness of fit
-
-
-def chi_square_fits(observed: Counter[bytes], law: Law, alpha: float = ALPHA) -> tuple[float, float]:
-    """Pearson statistic of ``observed`` against the exact ``law`` and its level-alpha critical value.
-
-    Outputs outside the law's support must never occur (checked exactly, not statistically).
-    """
-    assert set(observed) <= {out for out, p in law.items() if p > 0}, "output outside the support"
-    n = sum(observed.values())
-    outputs = sorted(law)
-    expected = np.array([n * float(law[o]) for o in outputs])
-    counts = np.array([observed.get(o, 0) for o in outputs], dtype=np.float64)
-    assert expected.min() >= 5, "test mis-sized: chi-square needs expected counts >= 5"
-    statistic = float(((counts - expected) ** 2 / expected).sum())
-    return statistic, float(stats.chi2.isf(alpha, len(outputs) - 1))
 
 
 GOF_DEFAULT = [
@@ -78,14 +63,14 @@ GOF_SLOW = [
 def _gof(name: str, eps: float, k: int, n: int) -> None:
     mech = build(name, eps, k)
     for value in sorted({0, k // 2, k - 1}):
-        statistic, critical = chi_square_fits(sample(mech, value, n), mech.output_distribution(value))
-        assert statistic <= critical, f"value {value}: chi2 {statistic:.1f} > {critical:.1f}"
+        fit = chi_square_fit(sample(mech, value, n), mech.output_distribution(value), ALPHA)
+        assert not fit.rejects, f"value {value}: chi2 {fit.statistic:.1f} > {fit.critical:.1f}"
 
 
 @pytest.mark.parametrize(("name", "eps", "k", "n"), GOF_DEFAULT)
 def test_randomise_fits_its_exact_distribution(name: str, eps: float, k: int, n: int) -> None:
-    """Chi-square goodness of fit per input value (up to 3 values); false-failure rate 1e-6 per
-    value, so at most 3e-6 per test."""
+    """Chi-square goodness of fit (``core.audit.chi_square_fit``) per input value (up to 3 values);
+    false-failure rate 1e-6 per value, so at most 3e-6 per test."""
     _gof(name, eps, k, n)
 
 
@@ -104,8 +89,7 @@ def test_goodness_of_fit_rejects_a_biased_coin() -> None:
     law = mech.output_distribution(0)
     shift = Fraction(2, 100)
     wrong = {out: p + (-shift if out == b"\x00" else shift) for out, p in law.items()}
-    statistic, critical = chi_square_fits(sample(mech, 0, 100_000), wrong)
-    assert statistic > critical
+    assert chi_square_fit(sample(mech, 0, 100_000), wrong, ALPHA).rejects
 
 
 # =========================================================================== (b) privacy audit
@@ -121,26 +105,6 @@ def epsilon_lower_bound(
 ) -> float:
     """The public audit's bound (``deniable.core.audit``): P(result > true epsilon) <= alpha."""
     return audit_bound(counts_a, n_a, counts_b, n_b, list(events), alpha)
-
-
-def audit_cannot_miss(law_a: Law, law_b: Law, n: int, claimed: float, miss: float = ALPHA) -> bool:
-    """True if the audit on n samples per input exceeds ``claimed`` with probability >= 1 - miss.
-
-    For one event and direction, counts at or beyond the exact binomial miss/2 quantiles (on the
-    unfavourable side) still give a bound above ``claimed``; the bound is monotone in each
-    count, so any likelier draw does too.
-    """
-    events = sorted(set(law_a) | set(law_b))
-    level = ALPHA / (4 * len(events))
-    for event in events:
-        pa, pb = float(law_a.get(event, 0)), float(law_b.get(event, 0))
-        for top, bottom in ((pa, pb), (pb, pa)):
-            x_top = int(stats.binom.ppf(miss / 2, n, top))
-            x_bottom = int(stats.binom.isf(miss / 2, n, bottom))
-            low = cp_lower(x_top, n, level)
-            if low > 0 and math.log(low / cp_upper(x_bottom, n, level)) > claimed:
-                return True
-    return False
 
 
 def run_audit(mech: LocalRandomiser, n: int) -> float:
@@ -179,11 +143,12 @@ def overclaiming(name: str, claimed: float, factor: float, k: int) -> LocalRando
 
 
 def smallest_sufficient_n(mech: LocalRandomiser, ladder: Sequence[int]) -> int:
+    """The least ladder size at which the audit exceeds the claim w.p. >= 1 - ALPHA (``core.audit``)."""
     law0, law1 = mech.output_distribution(0), mech.output_distribution(1)
-    for n in ladder:
-        if audit_cannot_miss(law0, law1, n, mech.epsilon0):
-            return n
-    pytest.fail(f"no sample size up to {ladder[-1]} detects this mutant reliably")
+    n = sufficient_samples(law0, law1, mech.epsilon0, ladder, alpha=ALPHA, miss=ALPHA)
+    if n is None:
+        pytest.fail(f"no sample size up to {ladder[-1]} detects this mutant reliably")
+    return n
 
 
 AUDIT_HONEST_DEFAULT = [
@@ -275,87 +240,6 @@ def test_audit_is_sound_on_exact_expected_counts() -> None:
 # =========================================================================== (c) estimator
 
 
-def exact_laws(mech: LocalRandomiser) -> np.ndarray:
-    """Row v: the probability of each count cell when the truth is v (floats of exact Fractions)."""
-    k = mech.domain_size
-    rows = []
-    for v in range(k):
-        law = mech.output_distribution(v)
-        rows.append([float(law[c.to_bytes(mech.payload_length, "big")]) for c in range(k)])
-    return np.array(rows)
-
-
-def multinomial_rounds(mech: LocalRandomiser, truth: Sequence[int], rounds: int, seed: int) -> np.ndarray:
-    """Count vectors of ``rounds`` independent rounds, drawn from the exact output law.
-
-    numpy's seeded generator only makes the simulation reproducible; what is tested is the
-    estimator given counts with the right law, not the seed (the randomiser's own sampling is
-    checked in (a) and in the real-randomiser run below).
-    """
-    generator = np.random.default_rng(seed)
-    laws = exact_laws(mech)
-    counts = np.zeros((rounds, mech.domain_size), dtype=np.int64)
-    for v, x in enumerate(truth):
-        if x:
-            counts += generator.multinomial(x, laws[v], size=rounds)
-    return counts
-
-
-def randomiser_rounds(mech: LocalRandomiser, truth: Sequence[int], rounds: int) -> np.ndarray:
-    """Count vectors of ``rounds`` rounds through the real randomise (CSPRNG) and tally."""
-    values = [v for v, x in enumerate(truth) for _ in range(x)]
-    out = np.zeros((rounds, mech.domain_size), dtype=np.int64)
-    for r in range(rounds):
-        tally = mech.tally([mech.randomise(v) for v in values])
-        assert not tally.invalid.any()
-        out[r] = tally.counts
-    return out
-
-
-def check_estimator(mech: LocalRandomiser, truth: Sequence[int], counts: np.ndarray) -> dict[str, np.ndarray]:
-    """Mean, variance and CI coverage of ``estimate`` over independent rounds.
-
-    Three families of two-sided checks over k buckets share the false-failure budget ALPHA
-    (Bonferroni, ALPHA / (3k) each):
-    - mean: |mean - truth| <= z * sqrt(variance / R); normal approximation to a mean of R * n
-      independent bounded terms;
-    - variance: (R - 1) s^2 / variance inside the chi-square(R - 1) central interval; exact for
-      normal estimates. The estimates are affine in sums of n Bernoulli terms with excess
-      kurtosis kappa = O(1/n), and Var(s^2) = sigma^4 (2 / (R - 1) + kappa / R), so the interval
-      is off by a relative kappa / 2 = O(1/n): negligible at n >= 2000;
-    - coverage: the number of rounds whose 95% CI contains the truth lies in the exact
-      Binomial(R, 0.95) central interval; this presumes the normal CI's actual coverage is
-      within a few thousandths of 0.95 at these n (it is: the binomial band is about +-0.02
-      at R = 4000).
-    """
-    k = mech.domain_size
-    rounds = counts.shape[0]
-    n = int(sum(truth))
-    level = ALPHA / (3 * k)
-    estimates = np.empty((rounds, k))
-    covered = np.zeros(k, dtype=np.int64)
-    truth_array = np.asarray(truth, dtype=np.float64)
-    for r in range(rounds):
-        rows = mech.estimate([int(c) for c in counts[r]], n)
-        estimates[r] = [row.estimate for row in rows]
-        covered += [row.ci_low <= x <= row.ci_high for row, x in zip(rows, truth, strict=True)]
-    variance = mech.variance(truth_array, n)
-
-    z = float(stats.norm.isf(level / 2))
-    mean = estimates.mean(axis=0)
-    assert np.all(np.abs(mean - truth_array) <= z * np.sqrt(variance / rounds)), (mean, truth_array)
-
-    ratio = estimates.var(axis=0, ddof=1) / variance
-    lo = float(stats.chi2.ppf(level / 2, rounds - 1)) / (rounds - 1)
-    hi = float(stats.chi2.isf(level / 2, rounds - 1)) / (rounds - 1)
-    assert np.all((lo <= ratio) & (ratio <= hi)), (ratio, lo, hi)
-
-    cov_lo = int(stats.binom.ppf(level / 2, rounds, 0.95))
-    cov_hi = int(stats.binom.isf(level / 2, rounds, 0.95))
-    assert np.all((cov_lo <= covered) & (covered <= cov_hi)), (covered / rounds, cov_lo, cov_hi)
-    return {"variance_ratio_bounds": np.array([lo, hi]), "variance": variance}
-
-
 SKEWED_8 = [5000, 2000, 1000, 800, 600, 400, 200, 0]
 ESTIMATOR_DEFAULT = [
     ("binary_rr", 1.0, [7000, 3000]),
@@ -377,52 +261,59 @@ ESTIMATOR_SLOW = [
 
 
 @pytest.mark.parametrize(("name", "eps", "truth"), ESTIMATOR_DEFAULT)
-def test_estimator_unbiased_exact_variance_and_coverage(name: str, eps: float, truth: list[int]) -> None:
-    """4,000 simulated rounds of 10,000 reports (counts from the exact law); false-failure 1e-6."""
+def test_estimator_unbiased_exact_variance_and_coverage(
+    name: str, eps: float, truth: list[int], kit: Kit
+) -> None:
+    """4,000 simulated rounds of 10,000 reports (counts from the exact law); ``core.audit``'s
+    mean, variance and 95% CI coverage checks; false-failure 1e-6."""
     mech = build(name, eps, len(truth))
-    result = check_estimator(mech, truth, multinomial_rounds(mech, truth, 4000, seed=20_261_101))
+    counts = kit.multinomial_rounds(mech, truth, 4000, seed=20_261_101, normalise=False)
+    result = kit.assert_estimator(mech, truth, counts, ALPHA)
     if name == "grr":
         # Teeth: the variance without the truth-dependent term, n q (1 - q) / (p - q)^2, would
         # have been rejected for bucket 0 (the acceptance regions of the two are disjoint).
         assert isinstance(mech, DirectEncoding)
         p, q = float(mech.keep_probability), float(mech.other_probability)
         truth_free = sum(truth) * q * (1 - q) / (p - q) ** 2
-        lo, hi = result["variance_ratio_bounds"]
-        assert hi * truth_free < lo * result["variance"][0]
+        lo, hi = result.variance_ratio_bounds
+        assert hi * truth_free < lo * result.variance[0]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "eps", "truth"), ESTIMATOR_DEFAULT + ESTIMATOR_SLOW)
 def test_estimator_unbiased_exact_variance_and_coverage_large(
-    name: str, eps: float, truth: list[int]
+    name: str, eps: float, truth: list[int], kit: Kit
 ) -> None:
     """20,000 simulated rounds per configuration; false-failure rate 1e-6."""
     mech = build(name, eps, len(truth))
-    check_estimator(mech, truth, multinomial_rounds(mech, truth, 20_000, seed=7))
+    counts = kit.multinomial_rounds(mech, truth, 20_000, seed=7, normalise=False)
+    kit.assert_estimator(mech, truth, counts, ALPHA)
 
 
 @pytest.mark.parametrize(
     ("name", "eps", "truth"),
     [("binary_rr", 1.0, [1400, 600]), ("grr", 2.0, [1000, 400, 200, 160, 120, 80, 40, 0])],
 )
-def test_estimator_through_the_real_randomiser_and_tally(name: str, eps: float, truth: list[int]) -> None:
+def test_estimator_through_the_real_randomiser_and_tally(
+    name: str, eps: float, truth: list[int], kit: Kit
+) -> None:
     """250 rounds of 2,000 reports through randomise (CSPRNG) and tally; false-failure 1e-6.
 
     Fewer rounds than the simulated test, so the variance band is wide (about +-50%); this run
     ties the estimator to the real sampling path rather than to the exact law.
     """
     mech = build(name, eps, len(truth))
-    check_estimator(mech, truth, randomiser_rounds(mech, truth, 250))
+    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 250, batched=False), ALPHA)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "eps", "truth"), [("binary_rr", 1.0, [7000, 3000]), ("grr", 2.0, SKEWED_8)])
 def test_estimator_through_the_real_randomiser_and_tally_large(
-    name: str, eps: float, truth: list[int]
+    name: str, eps: float, truth: list[int], kit: Kit
 ) -> None:
     """1,500 rounds of 10,000 real reports; false-failure rate 1e-6."""
     mech = build(name, eps, len(truth))
-    check_estimator(mech, truth, randomiser_rounds(mech, truth, 1500))
+    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 1500, batched=False), ALPHA)
 
 
 # =========================================================================== (d) tally

@@ -8,18 +8,17 @@ keep this file to a few seconds; ``-m slow`` adds larger and subtler cases.
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from decimal import Decimal, localcontext
+from collections.abc import Sequence
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from deniable.core import mechanisms
-from deniable.core.audit import audit, clopper_pearson_lower, clopper_pearson_upper
+from deniable.core.audit import audit, chi_square_fit, sampled_rounds
 from deniable.core.campaigns import layout_for, randomiser_for
 from deniable.core.mechanisms import hadamard
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
@@ -27,27 +26,20 @@ from deniable.core.mechanisms.hadamard import HadamardResponse, walsh_hadamard
 from deniable.core.rng import Csprng
 from deniable.v1 import deniable_pb2 as pb
 
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import Kit
+
 ALPHA = 1e-6  # false-failure rate of each statistical assertion below
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 DOMAINS = (2, 3, 4, 7, 8, 15, 16, 31)
 EXACT_CONFIGS = [(eps, d) for eps in EPSILONS for d in DOMAINS]
 EXACT_IDS = [f"eps{eps}-d{d}" for eps, d in EXACT_CONFIGS]
-Law = dict[bytes, Fraction]
 
 
 def build(eps: float, d: int) -> HadamardResponse:
     mech = mechanisms.create("hadamard_response", epsilon0=eps, domain_size=d)
     assert isinstance(mech, HadamardResponse)
     return mech
-
-
-def exp_interval(x: float) -> tuple[Fraction, Fraction]:
-    """Rationals lo < e**x < hi from a correctly rounded 60-digit exp (x > 0)."""
-    with localcontext() as ctx:
-        ctx.prec = 60
-        value = Decimal(x).exp()
-        ulp = Decimal(1).scaleb(value.adjusted() - 59)
-        return Fraction(value - ulp), Fraction(value + ulp)
 
 
 def hadamard_matrix(order: int) -> np.ndarray:
@@ -64,7 +56,7 @@ def in_half(value: int, index: int) -> bool:
 
 
 @pytest.mark.parametrize(("eps", "d"), EXACT_CONFIGS, ids=EXACT_IDS)
-def test_law_sums_to_one_and_worst_ratio_is_exact_and_tight(eps: float, d: int) -> None:
+def test_law_sums_to_one_and_worst_ratio_is_exact_and_tight(eps: float, d: int, kit: Kit) -> None:
     mech = build(eps, d)
     k = mech.order
     assert k == next(2**j for j in range(1, 40) if 2**j > d)
@@ -79,7 +71,7 @@ def test_law_sums_to_one_and_worst_ratio_is_exact_and_tight(eps: float, d: int) 
             assert p == (mech.index_probability_inside if inside else mech.index_probability_outside)
         assert sum(in_half(v, i) for i in range(k)) == k // 2
     worst = max(max(law[o] for law in laws) / min(law[o] for law in laws) for o in support)
-    lo, _ = exp_interval(eps)
+    lo, _ = kit.exp_interval(eps)
     assert worst == mech.index_probability_inside / mech.index_probability_outside
     assert worst <= exp_lower_bound(eps) < lo
     assert worst >= lo * (1 - Fraction(1, 2**30))
@@ -289,26 +281,14 @@ def test_estimate_inverts_expected_counts_and_builds_the_ci() -> None:
 # =========================================================================== goodness of fit
 
 
-def chi_square_fits(observed: Counter[bytes], law: Law) -> tuple[float, float]:
-    """Pearson statistic against the exact law and its level-ALPHA critical value."""
-    assert set(observed) <= set(law), "output outside the support"
-    n = sum(observed.values())
-    outputs = sorted(law)
-    expected = np.array([n * float(law[o]) for o in outputs])
-    counts = np.array([observed.get(o, 0) for o in outputs], dtype=np.float64)
-    assert expected.min() >= 5, "test mis-sized: chi-square needs expected counts >= 5"
-    return float(((counts - expected) ** 2 / expected).sum()), float(stats.chi2.isf(ALPHA, len(outputs) - 1))
-
-
 @pytest.mark.parametrize(("eps", "d", "n"), [(1.0, 5, 20_000), (4.0, 12, 30_000)])
 def test_randomise_fits_its_exact_distribution(eps: float, d: int, n: int) -> None:
-    """Scalar path, process CSPRNG; chi-square per value, false-failure rate 1e-6 per value (2 values)."""
+    """Scalar path, process CSPRNG; ``core.audit.chi_square_fit`` per value, false-failure rate 1e-6
+    per value (2 values)."""
     mech = build(eps, d)
     for value in (0, d - 1):
-        statistic, critical = chi_square_fits(
-            Counter(mech.randomise(value) for _ in range(n)), mech.output_distribution(value)
-        )
-        assert statistic <= critical
+        sample = Counter(mech.randomise(value) for _ in range(n))
+        assert not chi_square_fit(sample, mech.output_distribution(value), ALPHA).rejects
 
 
 @pytest.mark.parametrize(("eps", "d", "n"), [(0.5, 3, 200_000), (2.0, 31, 200_000), (4.0, 100, 400_000)])
@@ -316,10 +296,8 @@ def test_randomise_many_fits_its_exact_distribution(eps: float, d: int, n: int) 
     """Vectorised path; chi-square per value, false-failure rate 1e-6 per value (3 values)."""
     mech = build(eps, d)
     for value in (0, d // 2, d - 1):
-        statistic, critical = chi_square_fits(
-            Counter(mech.randomise_many([value] * n)), mech.output_distribution(value)
-        )
-        assert statistic <= critical
+        sample = Counter(mech.randomise_many([value] * n))
+        assert not chi_square_fit(sample, mech.output_distribution(value), ALPHA).rejects
 
 
 def test_goodness_of_fit_has_teeth() -> None:
@@ -328,30 +306,10 @@ def test_goodness_of_fit_has_teeth() -> None:
     mech = build(1.0, 5)
     rng = Csprng()
     fake = Counter(bytes([rng.randbelow(8)]) for _ in range(20_000))
-    statistic, critical = chi_square_fits(fake, mech.output_distribution(0))
-    assert statistic > critical
+    assert chi_square_fit(fake, mech.output_distribution(0), ALPHA).rejects
 
 
 # =========================================================================== privacy audit
-
-
-def audit_cannot_miss(law_a: Law, law_b: Law, n: int, claimed: float) -> bool:
-    """True if ``audit`` on n samples per input exceeds ``claimed`` with probability >= 1 - ALPHA.
-
-    For one event and direction, counts at the exact binomial ALPHA/2 quantiles on the
-    unfavourable side still give a bound above ``claimed``; the bound is monotone in each count.
-    """
-    events = sorted(set(law_a) | set(law_b))
-    level = ALPHA / (4 * len(events))
-    for event in events:
-        pa, pb = float(law_a.get(event, 0)), float(law_b.get(event, 0))
-        for top, bottom in ((pa, pb), (pb, pa)):
-            x_top = int(stats.binom.ppf(ALPHA / 2, n, top))
-            x_bottom = int(stats.binom.isf(ALPHA / 2, n, bottom))
-            low = clopper_pearson_lower(x_top, n, level)
-            if low > 0 and math.log(low / clopper_pearson_upper(x_bottom, n, level)) > claimed:
-                return True
-    return False
 
 
 LADDER = (10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000)
@@ -371,145 +329,67 @@ def test_audit_never_refutes_the_honest_mechanism(eps: float, d: int) -> None:
     assert not result.refutes_claim, result
 
 
-def _catch(mech: HadamardResponse) -> None:
-    law_a, law_b = mech.output_distribution(0), mech.output_distribution(1)
-    n = next((m for m in LADDER if audit_cannot_miss(law_a, law_b, m, mech.epsilon0)), None)
-    assert n is not None, "no ladder size detects this mutant reliably"
-    assert audit(mech, 0, 1, n, alpha=ALPHA).refutes_claim
-
-
 @pytest.mark.parametrize(("eps", "d"), [(0.5, 3), (1.0, 7), (2.0, 5)])
-def test_audit_refutes_a_2x_mutant(eps: float, d: int) -> None:
+def test_audit_refutes_a_2x_mutant(eps: float, d: int, kit: Kit) -> None:
     """Runs at 2 eps0 while claiming eps0; the sample size is the smallest on the ladder for which
     ``audit_cannot_miss`` proves a miss probability <= 1e-6 (the false-failure rate)."""
-    _catch(overclaiming(eps, 2.0, d))
+    kit.assert_refuted(overclaiming(eps, 2.0, d), LADDER, ALPHA)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("eps", "d"), [(0.5, 3), (1.0, 7), (2.0, 5), (4.0, 3)])
-def test_audit_refutes_a_1_1x_mutant(eps: float, d: int) -> None:
+def test_audit_refutes_a_1_1x_mutant(eps: float, d: int, kit: Kit) -> None:
     """As above for 1.1x mutants (up to ~2 million reports per input); false-failure rate 1e-6."""
-    _catch(overclaiming(eps, 1.1, d))
+    kit.assert_refuted(overclaiming(eps, 1.1, d), LADDER, ALPHA)
 
 
 # =========================================================================== estimator
-
-
-def simulated_rounds(mech: HadamardResponse, truth: Sequence[int], rounds: int, seed: int) -> np.ndarray:
-    """Count vectors of independent rounds drawn from the exact law (numpy's seeded generator
-    only makes the simulation reproducible; the sampler itself is tested above)."""
-    generator = np.random.default_rng(seed)
-    counts = np.zeros((rounds, mech.order), dtype=np.int64)
-    for v, x in enumerate(truth):
-        if x:
-            law = np.zeros(mech.order)
-            for payload, prob in mech.output_distribution(v).items():
-                law[int.from_bytes(payload, "big")] = float(prob)
-            counts += generator.multinomial(x, law / law.sum(), size=rounds)
-    return counts
-
-
-def real_rounds(mech: HadamardResponse, truth: Sequence[int], rounds: int) -> np.ndarray:
-    """Count vectors through randomise_many (process CSPRNG) and tally."""
-    values = [v for v, x in enumerate(truth) for _ in range(x)]
-    out = np.zeros((rounds, mech.order), dtype=np.int64)
-    for r in range(rounds):
-        tally = mech.tally(mech.randomise_many(values))
-        assert not tally.invalid.any()
-        out[r] = tally.counts
-    return out
-
-
-def check_estimator(
-    mech: HadamardResponse, truth: Sequence[int], counts: np.ndarray
-) -> tuple[np.ndarray, tuple[float, float]]:
-    """Mean, variance and 95% CI coverage over rounds; 3 d two-sided checks share ALPHA.
-
-    mean: |mean - x| <= z sqrt(Var / R); variance: (R - 1) s^2 / Var in the chi-square(R - 1)
-    central interval (estimates are affine in sums of n Bernoulli terms: excess kurtosis O(1/n));
-    coverage: rounds whose CI holds x lie in the exact Binomial(R, 0.95) central interval.
-    """
-    n, rounds, d = sum(truth), counts.shape[0], len(truth)
-    level = ALPHA / (3 * d)
-    truth_array = np.asarray(truth, dtype=np.float64)
-    estimates = np.empty((rounds, d))
-    covered = np.zeros(d, dtype=np.int64)
-    for r in range(rounds):
-        rows = mech.estimate(counts[r].tolist(), n)
-        estimates[r] = [row.estimate for row in rows]
-        covered += [row.ci_low <= x <= row.ci_high for row, x in zip(rows, truth, strict=True)]
-    variance = mech.variance(truth_array, n)
-    z = float(stats.norm.isf(level / 2))
-    assert np.all(np.abs(estimates.mean(axis=0) - truth_array) <= z * np.sqrt(variance / rounds))
-    ratio = estimates.var(axis=0, ddof=1) / variance
-    lo = float(stats.chi2.ppf(level / 2, rounds - 1)) / (rounds - 1)
-    hi = float(stats.chi2.isf(level / 2, rounds - 1)) / (rounds - 1)
-    assert np.all((lo <= ratio) & (ratio <= hi)), (ratio, lo, hi)
-    cov_lo = int(stats.binom.ppf(level / 2, rounds, 0.95))
-    cov_hi = int(stats.binom.isf(level / 2, rounds, 0.95))
-    assert np.all((cov_lo <= covered) & (covered <= cov_hi)), (covered / rounds, cov_lo, cov_hi)
-    return variance, (lo, hi)
 
 
 SKEWED = [7000, 1500, 800, 400, 200, 100, 0, 0, 0, 0]  # n = 10,000 over d = 10 (K = 16)
 
 
 @pytest.mark.parametrize("eps", [1.0, 2.0, 4.0])
-def test_estimator_unbiased_exact_variance_and_coverage(eps: float) -> None:
-    """4,000 simulated rounds of 10,000 reports from the exact law; false-failure rate 1e-6.
+def test_estimator_unbiased_exact_variance_and_coverage(eps: float, kit: Kit) -> None:
+    """4,000 simulated rounds of 10,000 reports from the exact law; ``core.audit.check_estimator``
+    (mean, variance, 95% CI coverage; 3 d checks share the false-failure rate 1e-6).
 
     Teeth at eps0 >= 2: the variance without the truth-dependent term, n / (2p - 1)^2, would
     be rejected for the bucket holding 70% of the population (disjoint acceptance regions)."""
     mech = build(eps, len(SKEWED))
-    variance, (lo, hi) = check_estimator(mech, SKEWED, simulated_rounds(mech, SKEWED, 4000, seed=2026))
+    counts = kit.multinomial_rounds(mech, SKEWED, 4000, seed=2026)
+    result = kit.assert_estimator(mech, SKEWED, counts, ALPHA)
     truth_free = sum(SKEWED) / (2 * float(mech.inside_probability) - 1) ** 2
+    lo, hi = result.variance_ratio_bounds
     if eps >= 2:
-        assert lo * truth_free > hi * variance[0]
+        assert lo * truth_free > hi * result.variance[0]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("eps", "d"), [(0.5, 5), (1.0, 17), (2.0, 70), (4.0, 60), (8.0, 10)])
-def test_estimator_unbiased_exact_variance_and_coverage_large(eps: float, d: int) -> None:
+def test_estimator_unbiased_exact_variance_and_coverage_large(eps: float, d: int, kit: Kit) -> None:
     """20,000 simulated rounds, truth on 5 values of larger domains; false-failure rate 1e-6."""
     truth = [6000, 2000, 1000, 500, 500, *[0] * (d - 5)]
     mech = build(eps, d)
-    check_estimator(mech, truth, simulated_rounds(mech, truth, 20_000, seed=7))
+    kit.assert_estimator(mech, truth, kit.multinomial_rounds(mech, truth, 20_000, seed=7), ALPHA)
 
 
-def test_estimator_through_the_real_randomiser_and_tally() -> None:
+def test_estimator_through_the_real_randomiser_and_tally(kit: Kit) -> None:
     """400 rounds of 5,000 real reports (randomise_many, tally, estimate); false-failure 1e-6."""
     truth = [3500, 750, 400, 200, 100, 50, 0, 0, 0, 0]
     mech = build(2.0, len(truth))
-    check_estimator(mech, truth, real_rounds(mech, truth, 400))
+    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 400), ALPHA)
 
 
 # =========================================================================== timing
 
 
-def timing_ks(randomise: Callable[[int], bytes], a: int, b: int, samples: int) -> float:
-    """KS distance between per-call times of randomise(a) and randomise(b), calls interleaved so
-    load changes hit both samples alike."""
-    times: tuple[list[int], list[int]] = ([], [])
-    clock = time.perf_counter_ns
-    for _ in range(50):
-        randomise(a), randomise(b)  # warm-up
-    for i in range(2 * samples):
-        which = (i ^ (i >> 1)) & 1  # a b b a a b b a ...: neither value always goes first
-        start = clock()
-        randomise((a, b)[which])
-        times[which].append(clock() - start)
-    return float(stats.ks_2samp(times[0], times[1]).statistic)
-
-
-KS_BOUND = 0.2  # a threshold classifier on one call's time is right at most (1 + KS) / 2 = 60%
-
-
-def test_randomise_timing_does_not_reveal_the_value() -> None:
+def test_randomise_timing_does_not_reveal_the_value(kit: Kit) -> None:
     """Constant work: v = 0 (w = 1, bit inserted at position 0) against v = 511 (w = 512, bit
     inserted at position 9). Best of 3 runs of 3,000 calls each, so a burst of load on this
     shared machine cannot fail it alone. facts.md: a branchy k-RR gave a 96.9% classifier."""
     mech = build(1.0, 1000)
-    assert min(timing_ks(mech.randomise, 0, 511, 3000) for _ in range(3)) < KS_BOUND
+    assert min(kit.call_ks_distance(mech.randomise, 0, 511, 3000) for _ in range(3)) < kit.call_ks_bound
 
 
 class BranchyHadamard(HadamardResponse):
@@ -523,8 +403,8 @@ class BranchyHadamard(HadamardResponse):
 
 
 @pytest.mark.slow
-def test_timing_check_has_teeth() -> None:
-    """The value-dependent mutant (511 extra loop steps, ~10 us) is separated far beyond KS_BOUND."""
+def test_timing_check_has_teeth(kit: Kit) -> None:
+    """The value-dependent mutant (511 extra loop steps, ~10 us) is separated far beyond the KS bound."""
     mech = BranchyHadamard(1.0, 1000)
-    assert timing_ks(mech.randomise, 0, 511, 3000) > 0.9
+    assert kit.call_ks_distance(mech.randomise, 0, 511, 3000) > 0.9
     assert hadamard.MAX_EXACT_OUTPUTS == 1 << 16

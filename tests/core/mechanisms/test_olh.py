@@ -7,20 +7,20 @@ keep this file to a few seconds; ``-m slow`` adds larger and subtler cases.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from decimal import Decimal, localcontext
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from deniable.core import mechanisms
-from deniable.core.audit import audit, clopper_pearson_lower, clopper_pearson_upper
+from deniable.core.audit import audit, chi_square_fit, sampled_rounds
 from deniable.core.campaigns import layout_for, randomiser_for
 from deniable.core.mechanisms import olh
 from deniable.core.mechanisms.exact import exp_lower_bound
@@ -35,13 +35,15 @@ from deniable.core.mechanisms.olh import (
 from deniable.core.rng import Csprng
 from deniable.v1 import deniable_pb2 as pb
 
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import Kit
+
 ALPHA = 1e-6  # false-failure rate of each statistical assertion below
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 # (g, d): prime and non-prime fields (GF(4), GF(8), GF(9)), r from 1 to 4 digits.
 SMALL = [(2, 9), (3, 10), (4, 17), (5, 7), (8, 10), (9, 12), (7, 5)]
 EXACT_CONFIGS = [(eps, g, d) for eps in EPSILONS for g, d in SMALL]
 EXACT_IDS = [f"eps{eps}-g{g}-d{d}" for eps, g, d in EXACT_CONFIGS]
-Law = dict[bytes, Fraction]
 
 
 def build(eps: float, d: int, g: int | None = None) -> OptimisedLocalHashing:
@@ -50,18 +52,15 @@ def build(eps: float, d: int, g: int | None = None) -> OptimisedLocalHashing:
     return mech
 
 
-def exp_interval(x: float) -> tuple[Fraction, Fraction]:
-    """Rationals lo < e**x < hi from a correctly rounded 60-digit exp (x > 0)."""
-    with localcontext() as ctx:
-        ctx.prec = 60
-        value = Decimal(x).exp()
-        ulp = Decimal(1).scaleb(value.adjusted() - 59)
-        return Fraction(value - ulp), Fraction(value + ulp)
-
-
 def decode(mech: OptimisedLocalHashing, payload: bytes) -> tuple[int, int]:
     split = mech.payload_length - (((mech.g - 1).bit_length() + 7) // 8)
     return int.from_bytes(payload[:split], "big"), int.from_bytes(payload[split:], "big")
+
+
+def cell_index(mech: OptimisedLocalHashing, payload: bytes) -> int:
+    """The count cell of a payload (seed s, bucket y): s * g + y."""
+    seed, bucket = decode(mech, payload)
+    return seed * mech.g + bucket
 
 
 def support_probability(mech: OptimisedLocalHashing, law: dict[bytes, Fraction], v: int) -> Fraction:
@@ -146,7 +145,7 @@ def test_prime_powers_and_default_buckets() -> None:
 
 
 @pytest.mark.parametrize(("eps", "g", "d"), EXACT_CONFIGS, ids=EXACT_IDS)
-def test_law_sums_to_one_and_worst_ratio_is_exact_and_tight(eps: float, g: int, d: int) -> None:
+def test_law_sums_to_one_and_worst_ratio_is_exact_and_tight(eps: float, g: int, d: int, kit: Kit) -> None:
     mech = build(eps, d, g)
     laws = [mech.output_distribution(v) for v in range(d)]
     support = set(laws[0])
@@ -156,7 +155,7 @@ def test_law_sums_to_one_and_worst_ratio_is_exact_and_tight(eps: float, g: int, 
         assert sum(law.values(), Fraction(0)) == 1
         assert all(p > 0 and len(out) == mech.payload_length for out, p in law.items())
     worst = max(max(law[o] for law in laws) / min(law[o] for law in laws) for o in support)
-    lo, _ = exp_interval(eps)
+    lo, _ = kit.exp_interval(eps)
     assert worst == mech.keep_probability / mech.other_probability
     assert worst <= exp_lower_bound(eps) < lo
     assert worst >= lo * (1 - Fraction(1, 2**30))
@@ -387,26 +386,14 @@ def test_estimate_inverts_expected_counts_and_builds_the_ci() -> None:
 # =========================================================================== goodness of fit
 
 
-def chi_square_fits(observed: Counter[bytes], law: dict[bytes, Fraction]) -> tuple[float, float]:
-    """Pearson statistic against the exact law and its level-ALPHA critical value."""
-    assert set(observed) <= set(law), "output outside the support"
-    n = sum(observed.values())
-    outputs = sorted(law)
-    expected = np.array([n * float(law[o]) for o in outputs])
-    counts = np.array([observed.get(o, 0) for o in outputs], dtype=np.float64)
-    assert expected.min() >= 5, "test mis-sized: chi-square needs expected counts >= 5"
-    return float(((counts - expected) ** 2 / expected).sum()), float(stats.chi2.isf(ALPHA, len(outputs) - 1))
-
-
 @pytest.mark.parametrize(("eps", "g", "d", "n"), [(1.0, 3, 10, 20_000), (0.5, 8, 10, 20_000)])
 def test_randomise_fits_its_exact_distribution(eps: float, g: int, d: int, n: int) -> None:
-    """Scalar path, process CSPRNG; chi-square per value, false-failure rate 1e-6 per value (2 values)."""
+    """Scalar path, process CSPRNG; ``core.audit.chi_square_fit`` per value, false-failure rate 1e-6
+    per value (2 values)."""
     mech = build(eps, d, g)
     for value in (0, d - 1):
-        statistic, critical = chi_square_fits(
-            Counter(mech.randomise(value) for _ in range(n)), mech.output_distribution(value)
-        )
-        assert statistic <= critical
+        sample = Counter(mech.randomise(value) for _ in range(n))
+        assert not chi_square_fit(sample, mech.output_distribution(value), ALPHA).rejects
 
 
 @pytest.mark.parametrize(
@@ -416,10 +403,8 @@ def test_randomise_many_fits_its_exact_distribution(eps: float, g: int, d: int, 
     """Vectorised path; chi-square per value, false-failure rate 1e-6 per value (3 values)."""
     mech = build(eps, d, g)
     for value in (0, d // 2, d - 1):
-        statistic, critical = chi_square_fits(
-            Counter(mech.randomise_many([value] * n)), mech.output_distribution(value)
-        )
-        assert statistic <= critical
+        sample = Counter(mech.randomise_many([value] * n))
+        assert not chi_square_fit(sample, mech.output_distribution(value), ALPHA).rejects
 
 
 def test_goodness_of_fit_has_teeth() -> None:
@@ -433,30 +418,10 @@ def test_goodness_of_fit_has_teeth() -> None:
         keep = rng.bernoulli(mech.keep_probability)
         other = (5 % 3 + 1 + rng.randbelow(2)) % 3
         fake[mech.pack(seed, 5 % 3 if keep else other)] += 1
-    statistic, critical = chi_square_fits(fake, mech.output_distribution(5))
-    assert statistic > critical
+    assert chi_square_fit(fake, mech.output_distribution(5), ALPHA).rejects
 
 
 # =========================================================================== privacy audit
-
-
-def audit_cannot_miss(law_a: Law, law_b: Law, n: int, claimed: float) -> bool:
-    """True if ``audit`` on n samples per input exceeds ``claimed`` with probability >= 1 - ALPHA.
-
-    For one event and direction, counts at the exact binomial ALPHA/2 quantiles on the
-    unfavourable side still give a bound above ``claimed``; the bound is monotone in each count.
-    """
-    events = sorted(set(law_a) | set(law_b))
-    level = ALPHA / (4 * len(events))
-    for event in events:
-        pa, pb = float(law_a.get(event, 0)), float(law_b.get(event, 0))
-        for top, bottom in ((pa, pb), (pb, pa)):
-            x_top = int(stats.binom.ppf(ALPHA / 2, n, top))
-            x_bottom = int(stats.binom.isf(ALPHA / 2, n, bottom))
-            low = clopper_pearson_lower(x_top, n, level)
-            if low > 0 and math.log(low / clopper_pearson_upper(x_bottom, n, level)) > claimed:
-                return True
-    return False
 
 
 LADDER = (10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000)
@@ -491,114 +456,44 @@ def separating_event(mech: OptimisedLocalHashing) -> Callable[[bytes], bytes]:
     return event
 
 
-def projected(law: Law, event: Callable[[bytes], bytes]) -> Law:
-    out: Law = {}
-    for payload, p in law.items():
-        out[event(payload)] = out.get(event(payload), Fraction(0)) + p
-    return out
-
-
-def _catch(mech: OptimisedLocalHashing) -> None:
-    event = separating_event(mech)
-    law_a, law_b = (
-        projected(mech.output_distribution(0), event),
-        projected(mech.output_distribution(1), event),
-    )
-    n = next((m for m in LADDER if audit_cannot_miss(law_a, law_b, m, mech.epsilon0)), None)
-    assert n is not None, "no ladder size detects this mutant reliably"
-    assert audit(mech, 0, 1, n, alpha=ALPHA, events=sorted(law_a), event_of=event).refutes_claim
-
-
 @pytest.mark.parametrize(("eps", "g", "d"), [(0.5, 3, 10), (1.0, 3, 10), (2.0, 5, 7)])
-def test_audit_refutes_a_2x_mutant(eps: float, g: int, d: int) -> None:
+def test_audit_refutes_a_2x_mutant(eps: float, g: int, d: int, kit: Kit) -> None:
     """Runs at 2 eps0 while claiming eps0; the sample size is the smallest on the ladder for which
     ``audit_cannot_miss`` proves a miss probability <= 1e-6 (the false-failure rate)."""
-    _catch(overclaiming(eps, 2.0, g, d))
+    mech = overclaiming(eps, 2.0, g, d)
+    kit.assert_refuted(mech, LADDER, ALPHA, event_of=separating_event(mech))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("eps", "g", "d"), [(1.0, 3, 10), (2.0, 5, 7), (4.0, 5, 7), (0.5, 2, 5)])
-def test_audit_refutes_a_1_1x_mutant(eps: float, g: int, d: int) -> None:
+def test_audit_refutes_a_1_1x_mutant(eps: float, g: int, d: int, kit: Kit) -> None:
     """As above for 1.1x mutants (up to ~2 million reports per input); false-failure rate 1e-6."""
-    _catch(overclaiming(eps, 1.1, g, d))
+    mech = overclaiming(eps, 1.1, g, d)
+    kit.assert_refuted(mech, LADDER, ALPHA, event_of=separating_event(mech))
 
 
 # =========================================================================== estimator
-
-
-def simulated_rounds(mech: OptimisedLocalHashing, truth: Sequence[int], rounds: int, seed: int) -> np.ndarray:
-    """Count-cell vectors of independent rounds drawn from the exact law (numpy's seeded
-    generator only makes the simulation reproducible; the sampler itself is tested above)."""
-    generator = np.random.default_rng(seed)
-    counts = np.zeros((rounds, mech.count_cells), dtype=np.int64)
-    for v, x in enumerate(truth):
-        if x:
-            law = np.zeros(mech.count_cells)
-            for payload, prob in mech.output_distribution(v).items():
-                s, y = decode(mech, payload)
-                law[s * mech.g + y] = float(prob)
-            counts += generator.multinomial(x, law / law.sum(), size=rounds)
-    return counts
-
-
-def real_rounds(mech: OptimisedLocalHashing, truth: Sequence[int], rounds: int) -> np.ndarray:
-    """Count-cell vectors through randomise_many (process CSPRNG) and tally."""
-    values = [v for v, x in enumerate(truth) for _ in range(x)]
-    out = np.zeros((rounds, mech.count_cells), dtype=np.int64)
-    for r in range(rounds):
-        tally = mech.tally(mech.randomise_many(values))
-        assert not tally.invalid.any()
-        out[r] = tally.counts
-    return out
-
-
-def check_estimator(
-    mech: OptimisedLocalHashing, truth: Sequence[int], counts: np.ndarray
-) -> tuple[np.ndarray, tuple[float, float]]:
-    """Mean, variance and 95% CI coverage over rounds; 3 d two-sided checks share ALPHA.
-
-    mean: |mean - x| <= z sqrt(Var / R); variance: (R - 1) s^2 / Var in the chi-square(R - 1)
-    central interval (estimates are affine in sums of n Bernoulli terms: excess kurtosis O(1/n));
-    coverage: rounds whose CI holds x lie in the exact Binomial(R, 0.95) central interval.
-    """
-    n, rounds, d = sum(truth), counts.shape[0], len(truth)
-    level = ALPHA / (3 * d)
-    truth_array = np.asarray(truth, dtype=np.float64)
-    estimates = np.empty((rounds, d))
-    covered = np.zeros(d, dtype=np.int64)
-    for r in range(rounds):
-        rows = mech.estimate(counts[r].tolist(), n)
-        estimates[r] = [row.estimate for row in rows]
-        covered += [row.ci_low <= x <= row.ci_high for row, x in zip(rows, truth, strict=True)]
-    variance = mech.variance(truth_array, n)
-    z = float(stats.norm.isf(level / 2))
-    assert np.all(np.abs(estimates.mean(axis=0) - truth_array) <= z * np.sqrt(variance / rounds))
-    ratio = estimates.var(axis=0, ddof=1) / variance
-    lo = float(stats.chi2.ppf(level / 2, rounds - 1)) / (rounds - 1)
-    hi = float(stats.chi2.isf(level / 2, rounds - 1)) / (rounds - 1)
-    assert np.all((lo <= ratio) & (ratio <= hi)), (ratio, lo, hi)
-    cov_lo, cov_hi = (
-        int(stats.binom.ppf(level / 2, rounds, 0.95)),
-        int(stats.binom.isf(level / 2, rounds, 0.95)),
-    )
-    assert np.all((cov_lo <= covered) & (covered <= cov_hi)), (covered / rounds, cov_lo, cov_hi)
-    return variance, (lo, hi)
 
 
 SKEWED = [7000, 1500, 800, 400, 200, 100, 0, 0, 0, 0]  # n = 10,000 over d = 10
 
 
 @pytest.mark.parametrize(("eps", "g"), [(1.0, 4), (2.0, 8), (4.0, 53)])
-def test_estimator_unbiased_exact_variance_and_coverage(eps: float, g: int) -> None:
-    """6,000 simulated rounds of 10,000 reports from the exact law; false-failure rate 1e-6.
+def test_estimator_unbiased_exact_variance_and_coverage(eps: float, g: int, kit: Kit) -> None:
+    """6,000 simulated rounds of 10,000 reports from the exact law; ``core.audit.check_estimator``
+    (mean, variance, 95% CI coverage; 3 d checks share the false-failure rate 1e-6).
 
     Teeth: the variance without the truth-dependent term, n q*(1 - q*) / (p - q*)^2, would be
     rejected for the bucket holding 70% of the population (disjoint acceptance regions)."""
     mech = build(eps, len(SKEWED), g)
-    variance, (lo, hi) = check_estimator(mech, SKEWED, simulated_rounds(mech, SKEWED, 6000, seed=2026))
+    counts = kit.multinomial_rounds(
+        mech, SKEWED, 6000, seed=2026, cell_of=functools.partial(cell_index, mech)
+    )
+    result = kit.assert_estimator(mech, SKEWED, counts, ALPHA)
     p, q = float(mech.keep_probability), float(mech.support_probability)
     truth_free = sum(SKEWED) * q * (1 - q) / (p - q) ** 2
-    assert hi * truth_free < lo * variance[0]
+    lo, hi = result.variance_ratio_bounds
+    assert hi * truth_free < lo * result.variance[0]
 
 
 LARGE = [(0.5, 3, 10, 20_000), (1.0, 4, 17, 20_000), (2.0, 8, 70, 20_000), (1.0, 2, 10, 20_000)]
@@ -608,48 +503,31 @@ LARGE += [(4.0, 53, 60, 5000)]  # the default g at eps0 = 4: 2,862 cells make ea
 @pytest.mark.slow
 @pytest.mark.parametrize(("eps", "g", "d", "rounds"), LARGE)
 def test_estimator_unbiased_exact_variance_and_coverage_large(
-    eps: float, g: int, d: int, rounds: int
+    eps: float, g: int, d: int, rounds: int, kit: Kit
 ) -> None:
     """Many simulated rounds, truth on 5 values of larger domains; false-failure rate 1e-6."""
     truth = [6000, 2000, 1000, 500, 500, *[0] * (d - 5)]
     mech = build(eps, d, g)
-    check_estimator(mech, truth, simulated_rounds(mech, truth, rounds, seed=7))
+    counts = kit.multinomial_rounds(mech, truth, rounds, seed=7, cell_of=functools.partial(cell_index, mech))
+    kit.assert_estimator(mech, truth, counts, ALPHA)
 
 
-def test_estimator_through_the_real_randomiser_and_tally() -> None:
+def test_estimator_through_the_real_randomiser_and_tally(kit: Kit) -> None:
     """400 rounds of 5,000 real reports (randomise_many, tally, estimate); false-failure 1e-6."""
     truth = [3500, 750, 400, 200, 100, 50, 0, 0, 0, 0]
     mech = build(2.0, len(truth), 8)
-    check_estimator(mech, truth, real_rounds(mech, truth, 400))
+    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 400), ALPHA)
 
 
 # =========================================================================== timing
 
 
-def timing_ks(randomise: Callable[[int], bytes], a: int, b: int, samples: int) -> float:
-    """KS distance between per-call times of randomise(a) and randomise(b), calls interleaved so
-    load changes hit both samples alike."""
-    times: dict[int, list[int]] = {a: [], b: []}
-    clock = time.perf_counter_ns
-    for _ in range(50):
-        randomise(a), randomise(b)  # warm-up
-    for i in range(2 * samples):
-        value = (a, b)[(i ^ (i >> 1)) & 1]  # a b b a a b b a ...: neither value always goes first
-        start = clock()
-        randomise(value)
-        times[value].append(clock() - start)
-    return float(stats.ks_2samp(times[a], times[b]).statistic)
-
-
-KS_BOUND = 0.2  # a threshold classifier on one call's time is right at most (1 + KS) / 2 = 60%
-
-
-def test_randomise_timing_does_not_reveal_the_value() -> None:
+def test_randomise_timing_does_not_reveal_the_value(kit: Kit) -> None:
     """Constant work: the time of one call hardly depends on the value (v = 0, all digits 0, vs
     the last value). Best of 3 runs of 3,000 calls each, so a burst of load on this shared
     machine cannot fail it alone. facts.md: a branchy k-RR gave a 96.9% classifier (KS >= 0.9)."""
     mech = build(1.0, 1000, 4)
-    assert min(timing_ks(mech.randomise, 0, 999, 3000) for _ in range(3)) < KS_BOUND
+    assert min(kit.call_ks_distance(mech.randomise, 0, 999, 3000) for _ in range(3)) < kit.call_ks_bound
 
 
 class SkippingHash(OptimisedLocalHashing):
@@ -669,9 +547,9 @@ class SkippingHash(OptimisedLocalHashing):
 
 
 @pytest.mark.slow
-def test_timing_check_has_teeth() -> None:
-    """The value-dependent mutant is separated far beyond KS_BOUND (its law is still
+def test_timing_check_has_teeth(kit: Kit) -> None:
+    """The value-dependent mutant is separated far beyond the KS bound (its law is still
     exact: it outputs h_s(v), only slower for values with non-zero digits)."""
     mech = SkippingHash(1.0, 1000, 4)
     assert all(mech.hash_value(s, v) == mech.family.hash_value(s, v) for s in range(50) for v in (0, 999))
-    assert timing_ks(mech.randomise, 0, 999, 3000) > 0.9
+    assert kit.call_ks_distance(mech.randomise, 0, 999, 3000) > 0.9

@@ -10,13 +10,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import statistics
-import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
-from decimal import Decimal, localcontext
+from collections.abc import Sequence
 from fractions import Fraction
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -24,17 +22,19 @@ import pytest
 from scipy import stats
 
 from deniable.core import campaigns, mechanisms
-from deniable.core.audit import audit, clopper_pearson_lower, clopper_pearson_upper
+from deniable.core.audit import audit, audit_cannot_miss, chi_square_fit, project_law, sampled_rounds
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.core.mechanisms.subset import SubsetSelection, default_subset_size
 from deniable.core.mechanisms.unary import SCALE
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
 
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import Kit
+
 ALPHA = 1e-6  # false-failure rate of each statistical assertion below
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 EXACT = [(eps, d, None) for eps in EPSILONS for d in (2, 3, 5, 9)] + [(1.0, 9, w) for w in range(1, 9)]
-Law = dict[Hashable, Fraction]
 
 
 def build(eps: float, d: int, omega: float | None = None) -> SubsetSelection:
@@ -44,36 +44,9 @@ def build(eps: float, d: int, omega: float | None = None) -> SubsetSelection:
     return mech
 
 
-def exp_interval(x: float) -> tuple[Fraction, Fraction]:
-    """Rationals lo < e**x < hi from a correctly rounded 60-digit exp."""
-    with localcontext() as ctx:
-        ctx.prec = 60
-        value = Decimal(x).exp()
-        ulp = Decimal(1).scaleb(value.adjusted() - 59)
-        return Fraction(value - ulp), Fraction(value + ulp)
-
-
-def bit(payload: bytes, j: int) -> int:
-    return (payload[j // 8] >> (7 - j % 8)) & 1
-
-
 def members(payload: bytes, d: int) -> frozenset[int]:
-    return frozenset(j for j in range(d) if bit(payload, j))
-
-
-def pair(payload: bytes) -> tuple[int, int]:
-    """The audit's projection: membership of 0 and 1 ((1, 0) carries the worst ratio for inputs 0, 1)."""
-    return bit(payload, 0), bit(payload, 1)
-
-
-PAIR_EVENTS = [(0, 0), (0, 1), (1, 0), (1, 1)]
-
-
-def project(law: dict[bytes, Fraction], key: Callable[[bytes], Hashable]) -> Law:
-    out: Law = {}
-    for output, p in law.items():
-        out[key(output)] = out.get(key(output), Fraction(0)) + p
-    return out
+    """The values whose bit (big-endian, as ``kit.bit``) is set in a subset payload."""
+    return frozenset(j for j in range(d) if (payload[j // 8] >> (7 - j % 8)) & 1)
 
 
 # =========================================================================== parameters
@@ -179,14 +152,16 @@ def test_law_sums_to_one_over_subsets_of_size_omega(eps: float, d: int, omega: i
 
 
 @pytest.mark.parametrize(("eps", "d", "omega"), EXACT)
-def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(eps: float, d: int, omega: int | None) -> None:
+def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(
+    eps: float, d: int, omega: int | None, kit: Kit
+) -> None:
     mech = build(eps, d, omega)
     laws = [mech.output_distribution(v) for v in range(d)]
     worst = Fraction(1)
     for output in laws[0]:
         column = [law[output] for law in laws]
         worst = max(worst, max(column) / min(column))
-    lo, _ = exp_interval(eps)
+    lo, _ = kit.exp_interval(eps)
     assert worst == mech.worst_ratio  # the analytic ratio behind realised_epsilon is the true one
     assert worst <= exp_lower_bound(eps) < lo
     assert worst >= lo * (1 - Fraction(1, 2**30))
@@ -194,13 +169,15 @@ def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(eps: float, d: int,
 
 
 @pytest.mark.parametrize(("eps", "d", "omega"), [(0.5, 9, None), (1.0, 9, 4), (4.0, 5, 2), (2.0, 9, 1)])
-def test_marginals_are_the_estimators_support_probabilities(eps: float, d: int, omega: int | None) -> None:
+def test_marginals_are_the_estimators_support_probabilities(
+    eps: float, d: int, omega: int | None, kit: Kit
+) -> None:
     """P(j in S | v) from the exact law: p* for j = v, q* otherwise; textbook P_in within 2**-30."""
     mech = build(eps, d, omega)
     for v in (0, d - 1):
         law = mech.output_distribution(v)
         for j in range(d):
-            marginal = project(law, functools.partial(bit, j=j))[1]
+            marginal = project_law(law, functools.partial(kit.bit, j=j))[1]
             assert marginal == (mech.support_true if j == v else mech.support_other)
     w = mech.subset_size
     textbook = w * math.exp(eps) / (w * math.exp(eps) + d - w)
@@ -333,31 +310,12 @@ def test_randomise_many_handles_chunks_and_empty_input() -> None:
 # =========================================================================== goodness of fit
 
 
-def chi_square_fits(observed: Counter[bytes], law: dict[bytes, Fraction]) -> tuple[float, float]:
-    """Pearson statistic against the exact law and its level-ALPHA critical value; outputs expected
-    fewer than 5 times are pooled into one cell (grown until it expects >= 5)."""
-    assert set(observed) <= set(law), "output outside the support"
-    n = sum(observed.values())
-    outputs = sorted(law, key=lambda o: law[o])
-    cells: list[tuple[float, int]] = []
-    pool_e, pool_o, i = 0.0, 0, 0
-    while i < len(outputs) and (n * float(law[outputs[i]]) < 5 or 0 < pool_e < 5):
-        pool_e += n * float(law[outputs[i]])
-        pool_o += observed.get(outputs[i], 0)
-        i += 1
-    if pool_e:
-        cells.append((pool_e, pool_o))
-    cells += [(n * float(law[o]), observed.get(o, 0)) for o in outputs[i:]]
-    assert len(cells) >= 2 and min(e for e, _ in cells) >= 5
-    statistic = sum((o - e) ** 2 / e for e, o in cells)
-    return statistic, float(stats.chi2.isf(ALPHA, len(cells) - 1))
-
-
 def _fit(mech: SubsetSelection, n: int, batched: bool) -> None:
+    """``core.audit.chi_square_fit`` per value; outputs expected fewer than 5 times are pooled."""
     for v in sorted({0, mech.domain_size - 1}):
         sample = mech.randomise_many([v] * n) if batched else [mech.randomise(v) for _ in range(n)]
-        statistic, critical = chi_square_fits(Counter(sample), mech.output_distribution(v))
-        assert statistic <= critical, f"value {v}: chi2 {statistic:.1f} > {critical:.1f}"
+        fit = chi_square_fit(Counter(sample), mech.output_distribution(v), ALPHA)
+        assert not fit.rejects, f"value {v}: chi2 {fit.statistic:.1f} > {fit.critical:.1f}"
 
 
 GOF_DEFAULT = [(1.0, 5, 2), (0.5, 6, 3)]
@@ -403,43 +361,27 @@ def test_memberships_have_their_marginals_at_large_d() -> None:
 # =========================================================================== privacy audit
 
 
-def audit_cannot_miss(law_a: Law, law_b: Law, n: int, threshold: float) -> bool:
-    """True if ``audit`` with n samples per input and the pair events exceeds ``threshold`` except
-    with probability <= ALPHA: on one event and direction, counts at the unfavourable exact
-    binomial ALPHA/2 quantiles still give a bound above it (the bound is monotone in each count)."""
-    level = ALPHA / (4 * len(PAIR_EVENTS))
-    for event in PAIR_EVENTS:
-        pa, pb = float(law_a[event]), float(law_b[event])
-        for top, bottom in ((pa, pb), (pb, pa)):
-            low = clopper_pearson_lower(int(stats.binom.ppf(ALPHA / 2, n, top)), n, level)
-            high = clopper_pearson_upper(int(stats.binom.isf(ALPHA / 2, n, bottom)), n, level)
-            if low > 0 and math.log(low / high) > threshold:
-                return True
-    return False
-
-
 LADDER = (10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000, 5_000_000)
 
 
-def catch(mech: SubsetSelection, claimed: float) -> None:
+def catch(kit: Kit, mech: SubsetSelection, claimed: float) -> None:
     """Audit at the smallest ladder size that provably refutes ``claimed`` w.p. >= 1 - 1e-6."""
-    laws = [project(mech.output_distribution(v), pair) for v in (0, 1)]
-    n = next((n for n in LADDER if audit_cannot_miss(laws[0], laws[1], n, claimed)), None)
-    assert n is not None, "no ladder size detects this mutant reliably"
-    result = audit(mech, 0, 1, n, events=PAIR_EVENTS, event_of=pair)
-    assert result.refutes_claim, f"mutant not caught with n = {n}: bound {result.epsilon_lower_bound:.4f}"
+    assert mech.epsilon0 == claimed
+    kit.assert_refuted(mech, LADDER, ALPHA, events=kit.pair_events, event_of=kit.pair)
 
 
 @pytest.mark.parametrize(("eps", "omega"), [(0.5, None), (1.0, None), (1.0, 4), (4.0, 2)])
-def test_audit_never_refutes_the_honest_mechanism(eps: float, omega: int | None) -> None:
+def test_audit_never_refutes_the_honest_mechanism(eps: float, omega: int | None, kit: Kit) -> None:
     """100,000 reports per input (0, 1) at d = 8, events = memberships of 0 and 1 (the (1, 0) event
     carries the whole worst ratio). Refuting an honest randomiser has probability <= 1e-6; the
     bound clears eps0 / 2 (power), guaranteed by ``audit_cannot_miss`` w.p. >= 1 - 1e-6."""
     mech = build(eps, 8, omega)
-    result = audit(mech, 0, 1, 100_000, events=PAIR_EVENTS, event_of=pair)
+    result = audit(mech, 0, 1, 100_000, alpha=ALPHA, events=kit.pair_events, event_of=kit.pair)
     assert not result.refutes_claim, result
-    laws = [project(mech.output_distribution(v), pair) for v in (0, 1)]
-    assert audit_cannot_miss(laws[0], laws[1], 100_000, eps / 2)
+    laws = [project_law(mech.output_distribution(v), kit.pair) for v in (0, 1)]
+    assert audit_cannot_miss(
+        laws[0], laws[1], 100_000, eps / 2, alpha=ALPHA, miss=ALPHA, events=kit.pair_events
+    )
     assert result.epsilon_lower_bound > eps / 2
 
 
@@ -482,33 +424,33 @@ def overclaiming(claimed: float, factor: float, omega: int | None = None) -> Sub
 
 
 @pytest.mark.parametrize(("eps", "omega"), [(0.25, 4), (0.5, 3), (1.0, 2)])
-def test_audit_refutes_the_leaky_mutant(eps: float, omega: int) -> None:
+def test_audit_refutes_the_leaky_mutant(eps: float, omega: int, kit: Kit) -> None:
     """True eps well above the claim (computed exactly); miss probability <= 1e-6."""
     mech = LeakySubset(eps, 8, omega)
     laws = [mech.output_distribution(v) for v in range(8)]
     true_ratio = max(max(law[o] for law in laws) / min(law[o] for law in laws) for o in laws[0])
     assert math.log(true_ratio) > 1.4 * eps
-    catch(mech, eps)
+    catch(kit, mech, eps)
 
 
 @pytest.mark.parametrize(("eps", "omega"), [(0.5, None), (1.0, None), (1.0, 4), (4.0, 2)])
-def test_audit_refutes_twice_overclaiming_mutants(eps: float, omega: int | None) -> None:
+def test_audit_refutes_twice_overclaiming_mutants(eps: float, omega: int | None, kit: Kit) -> None:
     """Threshold of 2 eps0, claim eps0: refuted except with probability <= 1e-6."""
-    catch(overclaiming(eps, 2.0, omega), eps)
+    catch(kit, overclaiming(eps, 2.0, omega), eps)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("eps", "omega"), [(0.5, None), (1.0, None), (1.0, 4), (2.0, 2), (4.0, 2)])
-def test_audit_refutes_subtle_overclaiming_mutants(eps: float, omega: int | None) -> None:
+def test_audit_refutes_subtle_overclaiming_mutants(eps: float, omega: int | None, kit: Kit) -> None:
     """Threshold of 1.1 eps0, claim eps0 (up to millions of reports); miss probability <= 1e-6."""
-    catch(overclaiming(eps, 1.1, omega), eps)
+    catch(kit, overclaiming(eps, 1.1, omega), eps)
 
 
 # =========================================================================== estimator
 
 
 @pytest.mark.parametrize(("eps", "d", "omega"), [(0.5, 5, None), (1.0, 6, 3), (4.0, 5, 2)])
-def test_variance_formula_matches_the_exact_law(eps: float, d: int, omega: int | None) -> None:
+def test_variance_formula_matches_the_exact_law(eps: float, d: int, omega: int | None, kit: Kit) -> None:
     """variance(truth, n) = Var(c_j) / (p* - q*)^2, Var(c_j) = sum over devices of P(j in S)(1 - P),
     from output_distribution: membership of j is one Bernoulli per device, whatever the rest."""
     mech = build(eps, d, omega)
@@ -517,7 +459,7 @@ def test_variance_formula_matches_the_exact_law(eps: float, d: int, omega: int |
     gap = mech.support_true - mech.support_other
     expected = []
     for j in range(d):
-        ones = [project(law, functools.partial(bit, j=j))[1] for law in laws]
+        ones = [project_law(law, functools.partial(kit.bit, j=j))[1] for law in laws]
         expected.append(
             float(sum((x * t * (1 - t) for x, t in zip(truth, ones, strict=True)), Fraction(0)) / gap**2)
         )
@@ -544,108 +486,49 @@ def test_estimate_inverts_expected_counts_sums_to_n_and_builds_the_ci() -> None:
         mech.estimate([1] * 7, n)
 
 
-def check_estimator(
-    mech: SubsetSelection, truth: Sequence[int], counts: npt.NDArray[np.int64]
-) -> tuple[float, float]:
-    """Mean, variance and 95% CI coverage of ``estimate`` over independent rounds.
-
-    Three families of two-sided per-bucket checks share ALPHA (Bonferroni, ALPHA / (3 d) each;
-    no independence between buckets is needed): mean within z sqrt(variance / R) of the truth;
-    (R - 1) s^2 / variance inside the chi-square(R - 1) central interval (estimates are affine in
-    sums of n Bernoullis, excess kurtosis O(1/n)); number of rounds whose CI covers the truth
-    inside the exact Binomial(R, 0.95) central interval. Returns the variance-ratio interval.
-    """
-    d, rounds, n = mech.domain_size, counts.shape[0], int(sum(truth))
-    level = ALPHA / (3 * d)
-    truth_array = np.asarray(truth, dtype=np.float64)
-    estimates = np.empty((rounds, d))
-    covered = np.zeros(d, dtype=np.int64)
-    for r in range(rounds):
-        rows = mech.estimate([int(c) for c in counts[r]], n)
-        estimates[r] = [row.estimate for row in rows]
-        covered += [row.ci_low <= x <= row.ci_high for row, x in zip(rows, truth, strict=True)]
-    variance = mech.variance(truth_array, n)
-    z = float(stats.norm.isf(level / 2))
-    mean = estimates.mean(axis=0)
-    assert np.all(np.abs(mean - truth_array) <= z * np.sqrt(variance / rounds)), (mean, truth_array)
-    ratio = estimates.var(axis=0, ddof=1) / variance
-    lo = float(stats.chi2.ppf(level / 2, rounds - 1)) / (rounds - 1)
-    hi = float(stats.chi2.isf(level / 2, rounds - 1)) / (rounds - 1)
-    assert np.all((lo <= ratio) & (ratio <= hi)), (ratio, lo, hi)
-    cov_lo, cov_hi = (
-        int(stats.binom.ppf(level / 2, rounds, 0.95)),
-        int(stats.binom.isf(level / 2, rounds, 0.95)),
-    )
-    assert np.all((cov_lo <= covered) & (covered <= cov_hi)), (covered / rounds, cov_lo, cov_hi)
-    return lo, hi
-
-
-def simulated_counts(
-    mech: SubsetSelection, truth: Sequence[int], rounds: int, seed: int
-) -> npt.NDArray[np.int64]:
-    """Per-bucket counts with their exact marginal law, c_j = Bin(x_j, p*) + Bin(n - x_j, q*) (the
-    checks above are per bucket, so the dependence between buckets does not matter). The seeded
-    numpy generator only makes this reproducible; the seed is not what is tested."""
-    generator = np.random.default_rng(seed)
-    n, x = sum(truth), np.asarray(truth)
-    p, q = float(mech.support_true), float(mech.support_other)
-    return generator.binomial(x, p, size=(rounds, len(x))) + generator.binomial(
-        n - x, q, size=(rounds, len(x))
-    )
-
-
-def real_counts(mech: SubsetSelection, truth: Sequence[int], rounds: int) -> npt.NDArray[np.int64]:
-    """Counts of rounds through the real ``randomise_many`` (CSPRNG) and ``tally``."""
-    values = [v for v, x in enumerate(truth) for _ in range(x)]
-    out = np.empty((rounds, len(truth)), dtype=np.int64)
-    for r in range(rounds):
-        tally = mech.tally(mech.randomise_many(values))
-        assert tally.valid_count == len(values)
-        out[r] = tally.counts
-    return out
-
-
 SKEWED_8 = [5000, 2000, 1000, 800, 600, 400, 200, 0]
 ESTIMATOR_DEFAULT = [(2.0, SKEWED_8 + [0] * 8, None), (4.0, SKEWED_8, 2), (1.0, SKEWED_8, None)]
 
 
 @pytest.mark.parametrize(("eps", "truth", "omega"), ESTIMATOR_DEFAULT)
 def test_estimator_unbiased_exact_variance_and_coverage(
-    eps: float, truth: list[int], omega: int | None
+    eps: float, truth: list[int], omega: int | None, kit: Kit
 ) -> None:
-    """4,000 simulated rounds of 10,000 reports; false-failure 1e-6. In the first two
+    """4,000 simulated rounds of 10,000 reports; ``core.audit.check_estimator`` (mean, variance,
+    95% CI coverage), false-failure 1e-6. In the first two
     configurations the variance without the truth-dependent term would be rejected for bucket 0
     (disjoint acceptance regions): at d = 16, eps0 = 2 it is too small; at d = 8, omega = 2,
     eps0 = 4 (p* + q* > 1, negative slope) too large."""
     mech = build(eps, len(truth), omega)
-    lo, hi = check_estimator(mech, truth, simulated_counts(mech, truth, 4000, seed=20_261_103))
+    counts = kit.binomial_rounds(mech, truth, 4000, seed=20_261_103)
+    lo, hi = kit.assert_estimator(mech, truth, counts, ALPHA).variance_ratio_bounds
     truth_free, full = mech.variance([0] * len(truth), sum(truth))[0], mech.variance(truth, sum(truth))[0]
     if eps in (2.0, 4.0):
         assert hi * truth_free < lo * full or lo * truth_free > hi * full
 
 
-def test_estimator_through_the_real_randomiser_and_tally() -> None:
+def test_estimator_through_the_real_randomiser_and_tally(kit: Kit) -> None:
     """300 rounds of 5,000 reports through randomise_many and tally; false-failure 1e-6."""
     mech = build(1.0, 8)
     truth = [x // 2 for x in SKEWED_8]
-    check_estimator(mech, truth, real_counts(mech, truth, 300))
+    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 300), ALPHA)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("eps", "omega"), [(0.5, None), (1.0, None), (1.0, 4), (2.0, 2), (4.0, 2), (6.0, 2)])
-def test_estimator_large(eps: float, omega: int | None) -> None:
+def test_estimator_large(eps: float, omega: int | None, kit: Kit) -> None:
     """20,000 simulated rounds (10x the population at eps0 = 6) and 1,500 real rounds; 2e-6."""
     mech = build(eps, 8, omega)
     truth = SKEWED_8 if eps < 6 else [10 * x for x in SKEWED_8]
-    check_estimator(mech, truth, simulated_counts(mech, truth, 20_000, seed=7))
-    check_estimator(mech, SKEWED_8, real_counts(mech, SKEWED_8, 1500))
+    kit.assert_estimator(mech, truth, kit.binomial_rounds(mech, truth, 20_000, seed=7), ALPHA)
+    kit.assert_estimator(mech, SKEWED_8, sampled_rounds(mech, SKEWED_8, 1500), ALPHA)
 
 
 # =========================================================================== tally
 
 
 @pytest.mark.parametrize(("d", "omega"), [(2, 1), (8, 3), (9, 4), (16, 5), (21, 1)])
-def test_tally_flags_malformed_payloads_and_never_counts_them(d: int, omega: int) -> None:
+def test_tally_flags_malformed_payloads_and_never_counts_them(d: int, omega: int, kit: Kit) -> None:
     mech = build(1.0, d, omega)
     width = mech.payload_length
     spare = 8 * width - d
@@ -669,7 +552,7 @@ def test_tally_flags_malformed_payloads_and_never_counts_them(d: int, omega: int
     payloads = [*good[:d], *bad, *good[d:]]
     tally = mech.tally(payloads)
     assert tally.invalid.tolist() == [False] * d + [True] * len(bad) + [False] * (2 * d)
-    assert tally.counts.tolist() == [sum(bit(p, j) for p in good) for j in range(d)]
+    assert tally.counts.tolist() == [sum(kit.bit(p, j) for p in good) for j in range(d)]
     assert tally.valid_count == len(good)
     only_bad = mech.tally(bad)
     assert only_bad.invalid.all() and only_bad.counts.tolist() == [0] * d
@@ -679,43 +562,13 @@ def test_tally_flags_malformed_payloads_and_never_counts_them(d: int, omega: int
 # =========================================================================== timing
 
 
-def block_medians(
-    randomise: Callable[[int], object], values: Sequence[int], blocks: int, per_block: int
-) -> dict[int, list[int]]:
-    """Median running time (ns) of ``per_block`` calls, per block and value; values interleaved
-    (order alternating per block) so machine-wide drift hits every value alike."""
-    out: dict[int, list[int]] = {v: [] for v in values}
-    for _ in range(20):
-        for v in values:
-            randomise(v)  # warm-up
-    for b in range(blocks):
-        for v in values if b % 2 else values[::-1]:
-            times = []
-            for _ in range(per_block):
-                start = time.perf_counter_ns()
-                randomise(v)
-                times.append(time.perf_counter_ns() - start)
-            out[v].append(int(statistics.median(times)))
-    return out
-
-
-KS_BOUND = 0.3
-
-
-def ks_distance(randomise: Callable[[int], object], d: int) -> float:
-    """KS distance between 200 block medians (15 calls each) for inputs 0 and d - 1. Were the block
-    medians exchangeable across inputs, P(D > 0.3) <= 2 exp(-2 * 0.3^2 * 100) = 3e-8 (two-sample
-    DKW bound, n m / (n + m) = 100); interleaving keeps load drift common to both inputs."""
-    medians = block_medians(randomise, [0, d - 1], blocks=200, per_block=15)
-    return float(stats.ks_2samp(medians[0], medians[d - 1]).statistic)
-
-
-def test_running_time_does_not_separate_inputs() -> None:
+def test_running_time_does_not_separate_inputs(kit: Kit) -> None:
+    """Block medians of inputs 0 and 63 within the kit's KS bound (false failure <= 3e-8)."""
     mech = build(1.0, 64)
-    assert ks_distance(mech.randomise, 64) <= KS_BOUND
+    assert kit.block_ks_distance(mech.randomise, 64) <= kit.block_ks_bound
 
 
-def test_timing_check_has_teeth() -> None:
+def test_timing_check_has_teeth(kit: Kit) -> None:
     """A randomiser that does twice the work for input 0 is separated (KS distance near 1)."""
     mech = build(1.0, 64)
 
@@ -724,4 +577,4 @@ def test_timing_check_has_teeth() -> None:
             mech.randomise(value)
         return mech.randomise(value)
 
-    assert ks_distance(leaky, 64) > KS_BOUND
+    assert kit.block_ks_distance(leaky, 64) > kit.block_ks_bound

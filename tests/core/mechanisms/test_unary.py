@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
-import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
-from decimal import Decimal, localcontext
+from collections.abc import Sequence
 from fractions import Fraction
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -23,52 +21,26 @@ import pytest
 from scipy import stats
 
 from deniable.core import mechanisms
-from deniable.core.audit import audit, clopper_pearson_lower, clopper_pearson_upper
+from deniable.core.audit import audit, audit_cannot_miss, chi_square_fit, project_law, sampled_rounds
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.core.mechanisms.unary import SCALE, UnaryEncoding
 from deniable.core.rng import Csprng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import Kit
 
 ALPHA = 1e-6  # false-failure rate of each statistical assertion below
 NAMES = ("sue", "oue")
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 SMALL_D = (2, 3, 5, 9)
 EXACT = [(name, eps, d) for name in NAMES for eps in EPSILONS for d in SMALL_D]
-Law = dict[Hashable, Fraction]
 
 
 def build(name: str, eps: float, d: int) -> UnaryEncoding:
     mech = mechanisms.create(name, epsilon0=eps, domain_size=d)
     assert isinstance(mech, UnaryEncoding)
     return mech
-
-
-def exp_interval(x: float) -> tuple[Fraction, Fraction]:
-    """Rationals lo < e**x < hi from a correctly rounded 60-digit exp."""
-    with localcontext() as ctx:
-        ctx.prec = 60
-        value = Decimal(x).exp()
-        ulp = Decimal(1).scaleb(value.adjusted() - 59)
-        return Fraction(value - ulp), Fraction(value + ulp)
-
-
-def bit(payload: bytes, j: int) -> int:
-    return (payload[j // 8] >> (7 - j % 8)) & 1
-
-
-def pair(payload: bytes) -> tuple[int, int]:
-    """The audit's projection: bits 0 and 1 (the worst-ratio event is (1, 0) for inputs 0 and 1)."""
-    return bit(payload, 0), bit(payload, 1)
-
-
-PAIR_EVENTS = [(0, 0), (0, 1), (1, 0), (1, 1)]
-
-
-def project(law: dict[bytes, Fraction], key: Callable[[bytes], Hashable]) -> Law:
-    out: Law = {}
-    for output, p in law.items():
-        out[key(output)] = out.get(key(output), Fraction(0)) + p
-    return out
 
 
 def worst_ratio(mech: UnaryEncoding) -> Fraction:
@@ -97,10 +69,10 @@ def test_probabilities_sum_to_exactly_one(name: str, eps: float, d: int) -> None
 
 
 @pytest.mark.parametrize(("name", "eps", "d"), EXACT)
-def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(name: str, eps: float, d: int) -> None:
+def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(name: str, eps: float, d: int, kit: Kit) -> None:
     mech = build(name, eps, d)
     ratio = worst_ratio(mech)
-    lo, _ = exp_interval(eps)
+    lo, _ = kit.exp_interval(eps)
     assert ratio == mech.worst_ratio  # the analytic ratio behind realised_epsilon is the true one
     assert ratio <= exp_lower_bound(eps) < lo
     assert ratio >= lo * (1 - Fraction(1, 2**30))
@@ -108,13 +80,13 @@ def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(name: str, eps: flo
 
 
 @pytest.mark.parametrize(("name", "eps"), [(n, e) for n in NAMES for e in EPSILONS])
-def test_marginals_are_the_estimators_support_probabilities(name: str, eps: float) -> None:
+def test_marginals_are_the_estimators_support_probabilities(name: str, eps: float, kit: Kit) -> None:
     """P(bit j = 1 | v) from the exact law is p* for j = v and q* otherwise; textbook within 2**-30."""
     mech = build(name, eps, 5)
     for v in range(5):
         law = mech.output_distribution(v)
         for j in range(5):
-            marginal = project(law, functools.partial(bit, j=j))[1]
+            marginal = project_law(law, functools.partial(kit.bit, j=j))[1]
             assert marginal == (mech.support_true if j == v else mech.support_other)
     e = math.exp(eps)
     textbook = (
@@ -179,7 +151,7 @@ class ScriptedRng(Csprng):
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("d", [2, 9, 16])
-def test_draw_map_is_one_threshold_comparison_per_bit(name: str, d: int) -> None:
+def test_draw_map_is_one_threshold_comparison_per_bit(name: str, d: int, kit: Kit) -> None:
     """Bit j is 1 iff its draw is below its role's threshold (A for the true value, Z otherwise):
     exactly A (resp. Z) of the 2**64 draws give 1, so P(1) = A / 2**64 (Z / 2**64) with no rounding.
     One request of d draws per report, whatever the value."""
@@ -196,7 +168,7 @@ def test_draw_map_is_one_threshold_comparison_per_bit(name: str, d: int) -> None
             rng = ScriptedRng([own if j == v else others for j in range(d)])
             out = mech.randomise(v, rng)
             assert rng.requests == [d]
-            assert [bit(out, j) for j in range(d)] == [
+            assert [kit.bit(out, j) for j in range(d)] == [
                 expect_own if j == v else expect_others for j in range(d)
             ]
             assert out[-1] & ((1 << (8 * len(out) - d)) - 1) == 0  # spare bits zero
@@ -272,7 +244,7 @@ def test_randomness_consumed_does_not_depend_on_the_value(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_bad_values_and_parameters_raise(name: str) -> None:
+def test_bad_values_and_parameters_raise(name: str, kit: Kit) -> None:
     mech = build(name, 1.0, 9)
     for bad in (-1, 9, 2**70, 1.0, 0.5, "0", None, b"\x00"):
         with pytest.raises(ValueError):
@@ -283,7 +255,7 @@ def test_bad_values_and_parameters_raise(name: str) -> None:
             mech.randomise_many([0, 3, bad])  # type: ignore[list-item]
     with pytest.raises(ValueError):
         mech.randomise_many(np.array([0, 9]))  # type: ignore[arg-type]
-    assert bit(mech.randomise(True), 0) in (0, 1)  # bool is an int
+    assert kit.bit(mech.randomise(True), 0) in (0, 1)  # bool is an int
     bad_configs = [(0.0, 4), (-1.0, 4), (math.nan, 4), (math.inf, 4), (1.0, 1), (1.0, 2**16 + 1), (1e-300, 4)]
     for eps, d in bad_configs:  # 1e-300: exp_lower_bound is 1, reports would carry no information
         with pytest.raises(ValueError):
@@ -313,34 +285,12 @@ def test_registry() -> None:
 # =========================================================================== goodness of fit
 
 
-def chi_square_fits(observed: Counter[bytes], law: dict[bytes, Fraction]) -> tuple[float, float]:
-    """Pearson statistic against the exact law and its level-ALPHA critical value.
-
-    Outputs expected fewer than 5 times are pooled into one cell (grown until it expects >= 5),
-    which keeps the chi-square approximation valid. Outputs outside the support fail outright.
-    """
-    assert set(observed) <= set(law), "output outside the support"
-    n = sum(observed.values())
-    outputs = sorted(law, key=lambda o: law[o])
-    cells: list[tuple[float, int]] = []
-    pool_e, pool_o, i = 0.0, 0, 0
-    while i < len(outputs) and (n * float(law[outputs[i]]) < 5 or 0 < pool_e < 5):
-        pool_e += n * float(law[outputs[i]])
-        pool_o += observed.get(outputs[i], 0)
-        i += 1
-    if pool_e:
-        cells.append((pool_e, pool_o))
-    cells += [(n * float(law[o]), observed.get(o, 0)) for o in outputs[i:]]
-    assert len(cells) >= 2 and min(e for e, _ in cells) >= 5
-    statistic = sum((o - e) ** 2 / e for e, o in cells)
-    return statistic, float(stats.chi2.isf(ALPHA, len(cells) - 1))
-
-
 def _fit(mech: UnaryEncoding, n: int, batched: bool) -> None:
+    """``core.audit.chi_square_fit`` per value; outputs expected fewer than 5 times are pooled."""
     for v in sorted({0, mech.domain_size - 1}):
         sample = mech.randomise_many([v] * n) if batched else [mech.randomise(v) for _ in range(n)]
-        statistic, critical = chi_square_fits(Counter(sample), mech.output_distribution(v))
-        assert statistic <= critical, f"value {v}: chi2 {statistic:.1f} > {critical:.1f}"
+        fit = chi_square_fit(Counter(sample), mech.output_distribution(v), ALPHA)
+        assert not fit.rejects, f"value {v}: chi2 {fit.statistic:.1f} > {fit.critical:.1f}"
 
 
 GOF_DEFAULT = [(name, eps, d) for name in NAMES for eps, d in [(1.0, 5), (4.0, 3)]]
@@ -385,44 +335,27 @@ def test_bits_have_their_marginals_at_large_d(name: str) -> None:
 # =========================================================================== privacy audit
 
 
-def audit_cannot_miss(law_a: Law, law_b: Law, n: int, threshold: float) -> bool:
-    """True if ``audit`` with n samples per input and the pair events exceeds ``threshold`` except
-    with probability <= ALPHA: on one event and direction, counts at the unfavourable exact
-    binomial ALPHA/2 quantiles still give a bound above it (the bound is monotone in each count)."""
-    level = ALPHA / (4 * len(PAIR_EVENTS))
-    for event in PAIR_EVENTS:
-        pa, pb = float(law_a[event]), float(law_b[event])
-        for top, bottom in ((pa, pb), (pb, pa)):
-            low = clopper_pearson_lower(int(stats.binom.ppf(ALPHA / 2, n, top)), n, level)
-            high = clopper_pearson_upper(int(stats.binom.isf(ALPHA / 2, n, bottom)), n, level)
-            if low > 0 and math.log(low / high) > threshold:
-                return True
-    return False
-
-
 LADDER = (10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000, 5_000_000)
 
 
-def catch(mech: UnaryEncoding, claimed: float) -> None:
+def catch(kit: Kit, mech: UnaryEncoding, claimed: float) -> None:
     """Audit at the smallest ladder size that provably refutes ``claimed`` w.p. >= 1 - 1e-6."""
-    laws = [project(mech.output_distribution(v), pair) for v in (0, 1)]
-    n = next((n for n in LADDER if audit_cannot_miss(laws[0], laws[1], n, claimed)), None)
-    assert n is not None, "no ladder size detects this mutant reliably"
-    result = audit(mech, 0, 1, n, events=PAIR_EVENTS, event_of=pair)
+    result = kit.assert_refuted(mech, LADDER, ALPHA, events=kit.pair_events, event_of=kit.pair)
     assert result.claimed_epsilon == claimed
-    assert result.refutes_claim, f"mutant not caught with n = {n}: bound {result.epsilon_lower_bound:.4f}"
 
 
 @pytest.mark.parametrize(("name", "eps"), [(n, e) for n in NAMES for e in (0.5, 1.0, 4.0)])
-def test_audit_never_refutes_the_honest_mechanism(name: str, eps: float) -> None:
+def test_audit_never_refutes_the_honest_mechanism(name: str, eps: float, kit: Kit) -> None:
     """100,000 reports per input (0, 1), events = bits (0, 1), whose (1, 0) event carries the whole
     worst ratio. Refuting an honest eps0-LDP randomiser has probability <= 1e-6 (audit soundness).
     The bound also clears eps0 / 2 (power), guaranteed by ``audit_cannot_miss`` w.p. >= 1 - 1e-6."""
     mech = build(name, eps, 8)
-    result = audit(mech, 0, 1, 100_000, events=PAIR_EVENTS, event_of=pair)
+    result = audit(mech, 0, 1, 100_000, alpha=ALPHA, events=kit.pair_events, event_of=kit.pair)
     assert not result.refutes_claim, result
-    laws = [project(mech.output_distribution(v), pair) for v in (0, 1)]
-    assert audit_cannot_miss(laws[0], laws[1], 100_000, eps / 2)
+    laws = [project_law(mech.output_distribution(v), kit.pair) for v in (0, 1)]
+    assert audit_cannot_miss(
+        laws[0], laws[1], 100_000, eps / 2, alpha=ALPHA, miss=ALPHA, events=kit.pair_events
+    )
     assert result.epsilon_lower_bound > eps / 2
 
 
@@ -456,48 +389,48 @@ def overclaiming(name: str, claimed: float, factor: float) -> UnaryEncoding:
 
 @pytest.mark.parametrize("mutant", [PerBitEpsilonSUE, SymmetricKeepOUE])
 @pytest.mark.parametrize("eps", [0.5, 1.0, 2.0])
-def test_audit_refutes_structural_mutants(mutant: type[UnaryEncoding], eps: float) -> None:
+def test_audit_refutes_structural_mutants(mutant: type[UnaryEncoding], eps: float, kit: Kit) -> None:
     """Realised eps 2x the claim; sample size provably sufficient (miss probability <= 1e-6)."""
     mech = mutant(eps, 8)
     assert mech.realised_epsilon > 1.9 * eps
-    catch(mech, eps)
+    catch(kit, mech, eps)
 
 
 @pytest.mark.parametrize(("name", "eps"), [(n, e) for n in NAMES for e in (0.5, 1.0, 4.0)])
-def test_audit_refutes_twice_overclaiming_mutants(name: str, eps: float) -> None:
+def test_audit_refutes_twice_overclaiming_mutants(name: str, eps: float, kit: Kit) -> None:
     """Thresholds of 2 eps0, claim eps0: refuted except with probability <= 1e-6."""
-    catch(overclaiming(name, eps, 2.0), eps)
+    catch(kit, overclaiming(name, eps, 2.0), eps)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "eps"), [(n, e) for n in NAMES for e in (0.5, 1.0, 2.0, 4.0)])
-def test_audit_refutes_subtle_overclaiming_mutants(name: str, eps: float) -> None:
+def test_audit_refutes_subtle_overclaiming_mutants(name: str, eps: float, kit: Kit) -> None:
     """Thresholds of 1.1 eps0, claim eps0 (up to millions of reports); miss probability <= 1e-6."""
-    catch(overclaiming(name, eps, 1.1), eps)
+    catch(kit, overclaiming(name, eps, 1.1), eps)
 
 
 # =========================================================================== estimator
 
 
-def exact_count_variance(mech: UnaryEncoding, truth: Sequence[int]) -> list[Fraction]:
+def exact_count_variance(kit: Kit, mech: UnaryEncoding, truth: Sequence[int]) -> list[Fraction]:
     """Var(c_j) = sum over devices of P(bit j | x)(1 - P(bit j | x)), from the exact law."""
     laws = [mech.output_distribution(v) for v in range(mech.domain_size)]
     out = []
     for j in range(mech.domain_size):
-        ones = [project(law, functools.partial(bit, j=j))[1] for law in laws]
+        ones = [project_law(law, functools.partial(kit.bit, j=j))[1] for law in laws]
         out.append(sum((x * t * (1 - t) for x, t in zip(truth, ones, strict=True)), Fraction(0)))
     return out
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("eps", [0.5, 2.0, 4.0])
-def test_variance_formula_matches_the_exact_law(name: str, eps: float) -> None:
+def test_variance_formula_matches_the_exact_law(name: str, eps: float, kit: Kit) -> None:
     """variance(truth, n) = Var(c_j) / (p* - q*)^2 with Var(c_j) from output_distribution; for SUE
     the truth-dependent term is exactly zero (p* + q* = 1), for OUE its slope is exactly 1."""
     truth = [700, 200, 100, 0, 0]
     mech = build(name, eps, 5)
     gap = mech.support_true - mech.support_other
-    expected = [float(v / gap**2) for v in exact_count_variance(mech, truth)]
+    expected = [float(v / gap**2) for v in exact_count_variance(kit, mech, truth)]
     np.testing.assert_allclose(mech.variance(truth, 1000), expected, rtol=1e-12)
     shift = mech.variance([1000, 0, 0, 0, 0], 1000) - mech.variance([0] * 5, 1000)
     assert shift[0] == (0.0 if name == "sue" else pytest.approx(1000.0, rel=1e-12))
@@ -520,100 +453,39 @@ def test_estimate_inverts_expected_counts_and_builds_the_ci(name: str) -> None:
         mech.estimate([1] * 6, n)
 
 
-def check_estimator(
-    mech: UnaryEncoding, truth: Sequence[int], counts: npt.NDArray[np.int64]
-) -> tuple[float, float]:
-    """Mean, variance and 95% CI coverage of ``estimate`` over independent rounds.
-
-    Three families of two-sided checks over d buckets share ALPHA (Bonferroni, ALPHA / (3 d) each):
-    mean within z sqrt(variance / R) of the truth (normal approximation to a mean of R n bounded
-    terms); (R - 1) s^2 / variance inside the chi-square(R - 1) central interval (the estimates are
-    affine in sums of n Bernoullis, excess kurtosis O(1/n): negligible at n >= 2000); number of
-    rounds whose CI covers the truth inside the exact Binomial(R, 0.95) central interval (the
-    normal CI's coverage is within a few thousandths of 0.95 at these n q*). Returns the
-    acceptance interval (lo, hi) of the variance ratio.
-    """
-    d, rounds, n = mech.domain_size, counts.shape[0], int(sum(truth))
-    level = ALPHA / (3 * d)
-    truth_array = np.asarray(truth, dtype=np.float64)
-    estimates = np.empty((rounds, d))
-    covered = np.zeros(d, dtype=np.int64)
-    for r in range(rounds):
-        rows = mech.estimate([int(c) for c in counts[r]], n)
-        estimates[r] = [row.estimate for row in rows]
-        covered += [row.ci_low <= x <= row.ci_high for row, x in zip(rows, truth, strict=True)]
-    variance = mech.variance(truth_array, n)
-    z = float(stats.norm.isf(level / 2))
-    mean = estimates.mean(axis=0)
-    assert np.all(np.abs(mean - truth_array) <= z * np.sqrt(variance / rounds)), (mean, truth_array)
-    ratio = estimates.var(axis=0, ddof=1) / variance
-    lo = float(stats.chi2.ppf(level / 2, rounds - 1)) / (rounds - 1)
-    hi = float(stats.chi2.isf(level / 2, rounds - 1)) / (rounds - 1)
-    assert np.all((lo <= ratio) & (ratio <= hi)), (ratio, lo, hi)
-    cov_lo, cov_hi = (
-        int(stats.binom.ppf(level / 2, rounds, 0.95)),
-        int(stats.binom.isf(level / 2, rounds, 0.95)),
-    )
-    assert np.all((cov_lo <= covered) & (covered <= cov_hi)), (covered / rounds, cov_lo, cov_hi)
-    return lo, hi
-
-
-def simulated_counts(
-    mech: UnaryEncoding, truth: Sequence[int], rounds: int, seed: int
-) -> npt.NDArray[np.int64]:
-    """Counts drawn from their exact law: bit j of a report is an independent Bernoulli (p* for
-    holders of j, q* for the rest), so c_j = Bin(x_j, p*) + Bin(n - x_j, q*), independent over j.
-    The seeded numpy generator only makes this reproducible; the seed is not what is tested."""
-    generator = np.random.default_rng(seed)
-    n, x = sum(truth), np.asarray(truth)
-    p, q = float(mech.support_true), float(mech.support_other)
-    return generator.binomial(x, p, size=(rounds, len(x))) + generator.binomial(
-        n - x, q, size=(rounds, len(x))
-    )
-
-
-def real_counts(mech: UnaryEncoding, truth: Sequence[int], rounds: int) -> npt.NDArray[np.int64]:
-    """Counts of rounds through the real ``randomise_many`` (CSPRNG) and ``tally``."""
-    values = [v for v, x in enumerate(truth) for _ in range(x)]
-    out = np.empty((rounds, len(truth)), dtype=np.int64)
-    for r in range(rounds):
-        tally = mech.tally(mech.randomise_many(values))
-        assert tally.valid_count == len(values)
-        out[r] = tally.counts
-    return out
-
-
 SKEWED_8 = [5000, 2000, 1000, 800, 600, 400, 200, 0]
 
 
 @pytest.mark.parametrize(("name", "eps"), [(n, e) for n in NAMES for e in (1.0, 4.0)])
-def test_estimator_unbiased_exact_variance_and_coverage(name: str, eps: float) -> None:
-    """4,000 simulated rounds of 10,000 reports, skewed truth; false-failure 1e-6. For OUE the
-    variance without the truth-dependent term would be rejected for bucket 0 at eps0 = 4 (the two
-    acceptance regions are disjoint)."""
+def test_estimator_unbiased_exact_variance_and_coverage(name: str, eps: float, kit: Kit) -> None:
+    """4,000 simulated rounds of 10,000 reports, skewed truth; ``core.audit.check_estimator`` (mean,
+    variance, 95% CI coverage), false-failure 1e-6. For OUE the variance without the
+    truth-dependent term would be rejected for bucket 0 at eps0 = 4 (the two acceptance regions
+    are disjoint)."""
     mech = build(name, eps, 8)
-    lo, hi = check_estimator(mech, SKEWED_8, simulated_counts(mech, SKEWED_8, 4000, seed=20_261_102))
+    counts = kit.binomial_rounds(mech, SKEWED_8, 4000, seed=20_261_102)
+    lo, hi = kit.assert_estimator(mech, SKEWED_8, counts, ALPHA).variance_ratio_bounds
     if name == "oue" and eps == 4.0:
         truth_free = mech.variance([0] * 8, sum(SKEWED_8))[0]
         assert hi * truth_free < lo * mech.variance(SKEWED_8, sum(SKEWED_8))[0]
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_estimator_through_the_real_randomiser_and_tally(name: str) -> None:
+def test_estimator_through_the_real_randomiser_and_tally(name: str, kit: Kit) -> None:
     """300 rounds of 5,000 reports through randomise_many and tally; false-failure 1e-6."""
     mech = build(name, 2.0, 8)
     truth = [x // 2 for x in SKEWED_8]
-    check_estimator(mech, truth, real_counts(mech, truth, 300))
+    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 300), ALPHA)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "eps"), [(n, e) for n in NAMES for e in (0.5, 1.0, 2.0, 4.0, 6.0)])
-def test_estimator_large(name: str, eps: float) -> None:
+def test_estimator_large(name: str, eps: float, kit: Kit) -> None:
     """20,000 simulated rounds (10x the population at eps0 = 6) and 1,500 real rounds; 2e-6."""
     mech = build(name, eps, 8)
     truth = SKEWED_8 if eps < 6 else [10 * x for x in SKEWED_8]
-    check_estimator(mech, truth, simulated_counts(mech, truth, 20_000, seed=7))
-    check_estimator(mech, SKEWED_8, real_counts(mech, SKEWED_8, 1500))
+    kit.assert_estimator(mech, truth, kit.binomial_rounds(mech, truth, 20_000, seed=7), ALPHA)
+    kit.assert_estimator(mech, SKEWED_8, sampled_rounds(mech, SKEWED_8, 1500), ALPHA)
 
 
 # =========================================================================== tally
@@ -621,7 +493,7 @@ def test_estimator_large(name: str, eps: float) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("d", [2, 8, 9, 16, 21])
-def test_tally_flags_malformed_payloads_and_never_counts_them(name: str, d: int) -> None:
+def test_tally_flags_malformed_payloads_and_never_counts_them(name: str, d: int, kit: Kit) -> None:
     mech = build(name, 1.0, d)
     width = mech.payload_length
     spare = 8 * width - d
@@ -633,7 +505,7 @@ def test_tally_flags_malformed_payloads_and_never_counts_them(name: str, d: int)
     tally = mech.tally(payloads)
     assert tally.invalid.dtype == np.bool_
     assert tally.invalid.tolist() == [False] * d + [True] * len(bad) + [False] * (2 * d)
-    expected = [sum(bit(p, j) for p in good) for j in range(d)]
+    expected = [sum(kit.bit(p, j) for p in good) for j in range(d)]
     assert tally.counts.tolist() == expected
     assert tally.valid_count == len(good)
     only_bad = mech.tally(bad)
@@ -655,44 +527,14 @@ def test_tally_of_many_reports_matches_a_plain_count(name: str) -> None:
 # =========================================================================== timing
 
 
-def block_medians(
-    randomise: Callable[[int], object], values: Sequence[int], blocks: int, per_block: int
-) -> dict[int, list[int]]:
-    """Median running time (ns) of ``per_block`` calls, per block and value; values interleaved
-    (order alternating per block) so machine-wide drift hits every value alike."""
-    out: dict[int, list[int]] = {v: [] for v in values}
-    for _ in range(20):
-        for v in values:
-            randomise(v)  # warm-up
-    for b in range(blocks):
-        for v in values if b % 2 else values[::-1]:
-            times = []
-            for _ in range(per_block):
-                start = time.perf_counter_ns()
-                randomise(v)
-                times.append(time.perf_counter_ns() - start)
-            out[v].append(int(statistics.median(times)))
-    return out
-
-
-KS_BOUND = 0.3  # two-sample KS distance between block medians of input 0 and input d - 1
-
-
-def ks_distance(randomise: Callable[[int], object], d: int) -> float:
-    """KS distance between 200 block medians (15 calls each) for inputs 0 and d - 1. Were the block
-    medians exchangeable across inputs, P(D > 0.3) <= 2 exp(-2 * 0.3^2 * 100) = 3e-8 (two-sample
-    DKW bound, n m / (n + m) = 100); interleaving keeps load drift common to both inputs."""
-    medians = block_medians(randomise, [0, d - 1], blocks=200, per_block=15)
-    return float(stats.ks_2samp(medians[0], medians[d - 1]).statistic)
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_running_time_does_not_separate_inputs(name: str) -> None:
+def test_running_time_does_not_separate_inputs(name: str, kit: Kit) -> None:
+    """Block medians of inputs 0 and 63 within the kit's KS bound (false failure <= 3e-8)."""
     mech = build(name, 1.0, 64)
-    assert ks_distance(mech.randomise, 64) <= KS_BOUND
+    assert kit.block_ks_distance(mech.randomise, 64) <= kit.block_ks_bound
 
 
-def test_timing_check_has_teeth() -> None:
+def test_timing_check_has_teeth(kit: Kit) -> None:
     """A randomiser that does twice the work for input 0 is separated (KS distance near 1)."""
     mech = build("oue", 1.0, 64)
 
@@ -701,4 +543,4 @@ def test_timing_check_has_teeth() -> None:
             mech.randomise(value)
         return mech.randomise(value)
 
-    assert ks_distance(leaky, 64) > KS_BOUND
+    assert kit.block_ks_distance(leaky, 64) > kit.block_ks_bound

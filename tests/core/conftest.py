@@ -1,0 +1,202 @@
+"""Plumbing shared by the randomiser tests: exact e**x, payload bits, simulated rounds, timing.
+
+Statistics an external auditor would also use (goodness of fit, audit sizing, estimator checks)
+are public in ``deniable.core.audit``; what is here only serves the tests, and reaches them as
+the ``kit`` fixture (importlib import mode cannot import conftest).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, localcontext
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from deniable.core.audit import (
+    AuditResult,
+    EstimatorCheck,
+    audit,
+    check_estimator,
+    project_law,
+    sufficient_samples,
+)
+from deniable.core.mechanisms.base import IntArray, LocalRandomiser
+from deniable.core.mechanisms.unary import BitmapOracle
+
+
+def exp_interval(x: float) -> tuple[Fraction, Fraction]:
+    """Rationals lo < e**x < hi from a correctly rounded 60-digit exp (x > 0)."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        value = Decimal(x).exp()
+        ulp = Decimal(1).scaleb(value.adjusted() - 59)
+        return Fraction(value - ulp), Fraction(value + ulp)
+
+
+def bit(payload: bytes, j: int) -> int:
+    """Bit j of a big-endian bitmap payload (unary encodings, subset selection)."""
+    return (payload[j // 8] >> (7 - j % 8)) & 1
+
+
+def pair(payload: bytes) -> tuple[int, int]:
+    """The bitmap audit's projection: bits 0 and 1 ((1, 0) carries the worst ratio for inputs 0, 1)."""
+    return bit(payload, 0), bit(payload, 1)
+
+
+PAIR_EVENTS = ((0, 0), (0, 1), (1, 0), (1, 1))
+
+
+def big_endian_cell(payload: bytes) -> int:
+    """The count cell of a payload that is its cell index, big-endian (RR, GRR, Hadamard)."""
+    return int.from_bytes(payload, "big")
+
+
+def multinomial_rounds(
+    mech: LocalRandomiser,
+    truth: Sequence[int],
+    rounds: int,
+    seed: int,
+    cell_of: Callable[[bytes], int] = big_endian_cell,
+    *,
+    normalise: bool = True,
+) -> IntArray:
+    """Count cells of ``rounds`` independent rounds drawn from the exact law, one multinomial per value.
+
+    numpy's seeded generator only makes the simulation reproducible; what is tested is the
+    estimator given counts with the right law, not the seed (the sampler is tested on its own).
+    ``normalise`` divides each cell law by its float sum first.
+    """
+    generator = np.random.default_rng(seed)
+    counts = np.zeros((rounds, mech.count_cells), dtype=np.int64)
+    for v, x in enumerate(truth):
+        if x:
+            law = np.zeros(mech.count_cells)
+            for payload, prob in mech.output_distribution(v).items():
+                law[cell_of(payload)] = float(prob)
+            counts += generator.multinomial(x, law / law.sum() if normalise else law, size=rounds)
+    return counts
+
+
+def binomial_rounds(mech: BitmapOracle, truth: Sequence[int], rounds: int, seed: int) -> IntArray:
+    """Per-bucket counts c_j = Bin(x_j, p*) + Bin(n - x_j, q*) of ``rounds`` rounds (seeded numpy).
+
+    Bit j of a report is 1 w.p. p* for holders of j and q* for the rest, so this is the exact
+    marginal law of every count (independent over j for unary encodings; subset selection's
+    counts depend on each other, which per-bucket checks do not mind). The seed only makes this
+    reproducible; it is not what is tested.
+    """
+    generator = np.random.default_rng(seed)
+    n, x = sum(truth), np.asarray(truth)
+    p, q = float(mech.support_true), float(mech.support_other)
+    counts: IntArray = generator.binomial(x, p, size=(rounds, len(x))) + generator.binomial(
+        n - x, q, size=(rounds, len(x))
+    )
+    return counts
+
+
+def assert_estimator(
+    mech: LocalRandomiser, truth: Sequence[int], counts: IntArray, alpha: float
+) -> EstimatorCheck:
+    """``core.audit.check_estimator`` at false-failure rate alpha; fails the test with its findings."""
+    result = check_estimator(mech, truth, counts, alpha=alpha)
+    assert result.passed, result.failures
+    return result
+
+
+def assert_refuted(
+    mech: LocalRandomiser,
+    ladder: Sequence[int],
+    alpha: float,
+    *,
+    events: Sequence[Hashable] | None = None,
+    event_of: Callable[[bytes], Hashable] | None = None,
+) -> AuditResult:
+    """``core.audit.audit`` of inputs 0 and 1 refutes the claim at the least ladder size for which
+    ``sufficient_samples`` proves it must, except w.p. alpha (the false-failure rate)."""
+    laws = [project_law(mech.output_distribution(v), event_of or (lambda p: p)) for v in (0, 1)]
+    n = sufficient_samples(laws[0], laws[1], mech.epsilon0, ladder, alpha=alpha, miss=alpha, events=events)
+    assert n is not None, "no ladder size detects this mutant reliably"
+    result = audit(mech, 0, 1, n, alpha=alpha, events=events, event_of=event_of)
+    assert result.refutes_claim, f"mutant not caught with n = {n}: bound {result.epsilon_lower_bound:.4f}"
+    return result
+
+
+def block_medians(
+    randomise: Callable[[int], object], values: Sequence[int], blocks: int, per_block: int
+) -> dict[int, list[int]]:
+    """Median running time (ns) of ``per_block`` calls, per block and value; values interleaved
+    (order alternating per block) so machine-wide drift hits every value alike."""
+    out: dict[int, list[int]] = {v: [] for v in values}
+    for _ in range(20):
+        for v in values:
+            randomise(v)  # warm-up
+    for b in range(blocks):
+        for v in values if b % 2 else values[::-1]:
+            times = []
+            for _ in range(per_block):
+                start = time.perf_counter_ns()
+                randomise(v)
+                times.append(time.perf_counter_ns() - start)
+            out[v].append(int(statistics.median(times)))
+    return out
+
+
+BLOCK_KS_BOUND = 0.3  # two-sample KS distance between block medians of input 0 and input d - 1
+
+
+def block_ks_distance(randomise: Callable[[int], object], d: int) -> float:
+    """KS distance between 200 block medians (15 calls each) for inputs 0 and d - 1. Were the block
+    medians exchangeable across inputs, P(D > 0.3) <= 2 exp(-2 * 0.3^2 * 100) = 3e-8 (two-sample
+    DKW bound, n m / (n + m) = 100); interleaving keeps load drift common to both inputs."""
+    medians = block_medians(randomise, [0, d - 1], blocks=200, per_block=15)
+    return float(stats.ks_2samp(medians[0], medians[d - 1]).statistic)
+
+
+CALL_KS_BOUND = 0.2  # a threshold classifier on one call's time is right at most (1 + KS) / 2 = 60%
+
+
+def call_ks_distance(randomise: Callable[[int], bytes], a: int, b: int, samples: int) -> float:
+    """KS distance between per-call times of randomise(a) and randomise(b), calls interleaved so
+    load changes hit both samples alike."""
+    times: tuple[list[int], list[int]] = ([], [])
+    clock = time.perf_counter_ns
+    for _ in range(50):
+        randomise(a), randomise(b)  # warm-up
+    for i in range(2 * samples):
+        which = (i ^ (i >> 1)) & 1  # a b b a a b b a ...: neither value always goes first
+        start = clock()
+        randomise((a, b)[which])
+        times[which].append(clock() - start)
+    return float(stats.ks_2samp(times[0], times[1]).statistic)
+
+
+@dataclass(frozen=True)
+class Kit:
+    """The helpers above, handed to tests as a fixture (importlib mode cannot import conftest)."""
+
+    exp_interval: Callable[[float], tuple[Fraction, Fraction]] = exp_interval
+    bit: Callable[[bytes, int], int] = bit
+    pair: Callable[[bytes], tuple[int, int]] = pair
+    pair_events: tuple[tuple[int, int], ...] = PAIR_EVENTS
+    multinomial_rounds: Callable[..., IntArray] = multinomial_rounds
+    binomial_rounds: Callable[..., IntArray] = binomial_rounds
+    assert_estimator: Callable[[LocalRandomiser, Sequence[int], IntArray, float], EstimatorCheck] = (
+        assert_estimator
+    )
+    assert_refuted: Callable[..., AuditResult] = assert_refuted
+    block_ks_bound: float = BLOCK_KS_BOUND
+    block_ks_distance: Callable[[Callable[[int], object], int], float] = block_ks_distance
+    call_ks_bound: float = CALL_KS_BOUND
+    call_ks_distance: Callable[[Callable[[int], bytes], int, int, int], float] = call_ks_distance
+
+
+@pytest.fixture
+def kit() -> Kit:
+    """Randomiser-test plumbing."""
+    return Kit()
