@@ -12,6 +12,7 @@ from deniable.core.accounting.analyses import (
     FMT21ClosedForm,
     FMT21NumericalClones,
     GRRBlanket,
+    GRRFullBlanket,
     NotApplicable,
 )
 from deniable.core.accounting.composition import (
@@ -45,6 +46,7 @@ __all__ = [
     "FMT21ClosedForm",
     "FMT21NumericalClones",
     "GRRBlanket",
+    "GRRFullBlanket",
     "Guarantee",
     "LaplaceBaseline",
     "NotApplicable",

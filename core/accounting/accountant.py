@@ -18,6 +18,7 @@ from deniable.core.accounting.analyses import (
     FMT21ClosedForm,
     FMT21NumericalClones,
     GRRBlanket,
+    GRRFullBlanket,
     NotApplicable,
     check_inputs,
     is_amplified,
@@ -69,6 +70,8 @@ def analyses_for(
     if mechanism in (BINARY_RR, GRR) and domain_size is not None:
         keep, other = realised_probabilities(mechanism, epsilon0, domain_size)
         found.append(GRRBlanket(epsilon0, int(n), domain_size, float(keep), float(other)))
+        if domain_size >= 3:
+            found.append(GRRFullBlanket(epsilon0, int(n), domain_size, float(keep), float(other)))
         if domain_size == 2:
             found.append(BinaryRRExact(epsilon0, int(n), float(keep)))
     return found

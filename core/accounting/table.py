@@ -19,6 +19,7 @@ from deniable.core.accounting.analyses import (
     FMT21ClosedForm,
     FMT21NumericalClones,
     GRRBlanket,
+    GRRFullBlanket,
 )
 
 
@@ -27,6 +28,11 @@ def _cell(analysis: Analysis, delta: float) -> str:
     if not bound.amplified:
         return "— (local)"
     return f"{bound.epsilon:.4f}"
+
+
+def _full_cell(analysis: GRRFullBlanket, delta: float) -> str:
+    cell = _cell(analysis, delta)
+    return cell if analysis.evaluated_n == analysis.n else f"{cell} (n'={analysis.evaluated_n})"
 
 
 def rows(
@@ -51,6 +57,7 @@ def rows(
                     _cell(FMT21ClosedForm(eps0, n), delta),
                     _cell(FMT21NumericalClones(eps0, n), delta),
                     _cell(GRRBlanket(eps0, n, grr_k, keep_k, other_k), delta),
+                    _full_cell(GRRFullBlanket(eps0, n, grr_k, keep_k, other_k), delta),
                     _cell(GRRBlanket(eps0, n, 2, keep2, other2), delta),
                     exact_cell,
                     f"{best.epsilon:.4f} ({best.analysis})" if best.amplified else "local",
@@ -75,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "FMT21 closed form",
         "FMT21 clones (numerical)",
         f"GRR blanket k={args.grr_k}",
+        f"GRR full blanket k={args.grr_k}",
         "GRR blanket k=2",
         "binary RR exact",
         "accountant, binary_rr",

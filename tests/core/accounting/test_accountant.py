@@ -13,6 +13,7 @@ from deniable.core.accounting import (
     FMT21ClosedForm,
     FMT21NumericalClones,
     GRRBlanket,
+    GRRFullBlanket,
     all_bounds,
     analyses_for,
     best_bound,
@@ -43,6 +44,20 @@ def test_exact_below_blanket_below_clones_below_closed_form(eps0: float, n: int,
     blanket = analyses[GRRBlanket].epsilon_for_delta(delta)  # type: ignore[attr-defined]
     clones = analyses[FMT21NumericalClones].epsilon_for_delta(delta)  # type: ignore[attr-defined]
     assert exact <= blanket <= clones <= eps0
+    closed = analyses[FMT21ClosedForm].bound(delta)  # type: ignore[attr-defined]
+    if closed.amplified:
+        assert clones <= closed.epsilon
+
+
+@pytest.mark.parametrize(("eps0", "n", "k"), [(1.0, 2000, 3), (3.0, 20_000, 8), (5.0, 50_000, 64)])
+def test_grr_blankets_below_clones_below_closed_form(eps0: float, n: int, k: int) -> None:
+    """k >= 3: the full blanket beats the restricted one, and both the generic analyses."""
+    analyses = by_type(eps0, n, "grr", k)
+    delta = 1e-6
+    full = analyses[GRRFullBlanket].epsilon_for_delta(delta)  # type: ignore[attr-defined]
+    restricted = analyses[GRRBlanket].epsilon_for_delta(delta)  # type: ignore[attr-defined]
+    clones = analyses[FMT21NumericalClones].epsilon_for_delta(delta)  # type: ignore[attr-defined]
+    assert full <= restricted <= clones <= eps0
     closed = analyses[FMT21ClosedForm].bound(delta)  # type: ignore[attr-defined]
     if closed.amplified:
         assert clones <= closed.epsilon
@@ -82,7 +97,13 @@ def test_best_is_the_minimum_and_is_named(mechanism: str | None) -> None:
 
 def test_mechanism_specific_analyses_only_for_their_mechanism() -> None:
     assert set(by_type(1.0, 100)) == {FMT21ClosedForm, FMT21NumericalClones}
-    assert set(by_type(1.0, 100, "grr", 5)) == {FMT21ClosedForm, FMT21NumericalClones, GRRBlanket}
+    assert set(by_type(1.0, 100, "grr", 5)) == {
+        FMT21ClosedForm,
+        FMT21NumericalClones,
+        GRRBlanket,
+        GRRFullBlanket,
+    }
+    assert GRRFullBlanket not in by_type(1.0, 100, "grr", 2)
     assert BinaryRRExact in by_type(1.0, 100, "grr", 2)
     assert BinaryRRExact in by_type(1.0, 100, "binary_rr")
     assert set(by_type(1.0, 100, "some_future_mechanism")) == {FMT21ClosedForm, FMT21NumericalClones}
