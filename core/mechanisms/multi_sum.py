@@ -80,7 +80,7 @@ class SplitAndMixSum(LocalRandomiser):
     ) -> None:
         """epsilon0: central target at expected_n; m, q and p are chosen unless given."""
         if domain_size != 2:
-            raise ValueError("multi_message_sum sums bits: a domain of exactly 2 values")
+            raise ValueError(f"{self.name} sums bits: a domain of exactly 2 values")
         super().__init__(epsilon0, domain_size)
         self.expected_n = int_param(expected_n, "expected_n", 2, 1 << 32)
         self.delta = probability_param(delta, "delta")
