@@ -192,6 +192,7 @@ def test_table_script_rows() -> None:
 
     (row,) = rows([2.0], [1000], 1e-6, 20_000_000, 10)
     assert row[:3] == ["2", "1e3", "— (local)"]
-    assert float(row[6]) == pytest.approx(best_bound(2.0, 1000, 1e-6, "binary_rr").epsilon, abs=1e-4)
-    assert row[7].endswith("(binary RR exact)")
+    assert float(row[7]) == pytest.approx(best_bound(2.0, 1000, 1e-6, "binary_rr").epsilon, abs=1e-4)
+    assert row[8].endswith("(binary RR exact)")
+    assert float(row[5]) <= float(row[4])  # GRR k = 10: full blanket <= restricted blanket
     main(["--eps0", "1", "--n", "500"])
