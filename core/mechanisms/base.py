@@ -108,6 +108,15 @@ class LocalRandomiser(ABC):
         """``randomise`` for many simulated devices at once (vectorised where a mechanism can)."""
         return [self.randomise(int(value), rng) for value in values]
 
+    @property
+    def messages_per_device(self) -> int | None:
+        """Messages every device sends, when that number is fixed (None: it varies by device).
+
+        The shuffler counts messages; with a fixed count the aggregator turns a campaign's minimum
+        batch in devices into messages, so a released round always holds that many devices.
+        """
+        return None if self.multi_message else 1
+
     def devices(self, counts: Sequence[int], messages: int) -> int:
         """How many devices the counted messages came from (one message each, by default)."""
         return messages

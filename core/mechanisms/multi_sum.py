@@ -189,6 +189,11 @@ class SplitAndMixSum(LocalRandomiser):
     def count_cells(self) -> int:
         return 3  # presence messages, share messages, sum of shares mod q (per batch)
 
+    @property
+    def messages_per_device(self) -> int:
+        """m shares and one presence message, always."""
+        return self.messages + 1
+
     def devices(self, counts: Sequence[int], messages: int) -> int:
         """The number of presence messages: one per device."""
         return int(counts[0])

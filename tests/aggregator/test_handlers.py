@@ -60,6 +60,29 @@ async def test_categorical_campaign_defaults(handlers: AggregatorHandlers, kit: 
     assert [c.id for c in listed.campaigns] == ["colour"]
 
 
+async def test_multi_message_sum_n_min_counts_devices_not_messages(
+    handlers: AggregatorHandlers, kit: Kit
+) -> None:
+    """The shuffler counts messages: n_min = 500 devices becomes 500 x (m + 1) messages, so a
+    released round holds 500 devices (fewer would weaken the Polya noise). Variable or single
+    message counts are left as given."""
+    params = {"expected_n": 500.0, "delta": 1e-6}
+    campaign = await handlers.create_campaign(
+        kit.binary_request("sum", mechanism=pb.MULTI_MESSAGE_SUM, n_min=500, params=params)
+    )
+    messages = randomiser_for(campaign).messages_per_device
+    assert messages == int(campaign.params["messages"]) + 1 > 2
+    assert campaign.n_min == 500 * messages
+    single = await handlers.create_campaign(kit.binary_request("rr", n_min=500))
+    assert single.n_min == 500 and randomiser_for(single).messages_per_device == 1
+    histogram = await handlers.create_campaign(
+        kit.categorical_request(
+            "bc", mechanism=pb.BALCER_CHEU_HISTOGRAM, epsilon0=2.0, n_min=500, params={"expected_n": 20_000.0}
+        )
+    )
+    assert histogram.n_min == 500 and randomiser_for(histogram).messages_per_device is None
+
+
 async def test_binary_campaign_may_use_grr(handlers: AggregatorHandlers, kit: Kit) -> None:
     campaign = await handlers.create_campaign(kit.binary_request(mechanism=pb.GRR))
     assert campaign.mechanism == pb.GRR and list(campaign.labels) == ["no", "yes"]

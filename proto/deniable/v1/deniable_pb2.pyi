@@ -198,7 +198,10 @@ class Campaign(_message.Message):
     n_min: _builtins.int
     """the shuffler forwards batches of at least this many reports"""
     window_start_unix: _builtins.int
-    """0: open since creation"""
+    """(messages: the request's devices x messages per device
+    where that is fixed, e.g. multi_message_sum)
+    0: open since creation
+    """
     window_end_unix: _builtins.int
     """0: no end"""
     key_id: _builtins.int
@@ -657,7 +660,7 @@ class CreateCampaignRequest(_message.Message):
     delta: _builtins.float
     """default 1e-6"""
     n_min: _builtins.int
-    """default 1000"""
+    """devices per released batch; default 1000"""
     window_start_unix: _builtins.int
     window_end_unix: _builtins.int
     device_budget_epsilon: _builtins.float
