@@ -7,6 +7,8 @@ threshold; nothing here returns a float. ``random`` and ``numpy.random`` are nev
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import os
 import threading
@@ -194,11 +196,27 @@ class Csprng:
         if not 0 < nonzero < 1 or shares < 1:
             raise ValueError("need 0 < nonzero < 1 and shares >= 1")
         out = np.zeros(count, dtype=np.int64)
-        for index in np.flatnonzero(self.bernoulli_array(nonzero, count)):
-            out[index] = self._polya_positive(nonzero, shares)
+        hits = np.flatnonzero(self.bernoulli_array(nonzero, count))
+        if hits.size:
+            low, high = _polya_table(nonzero, shares)
+            for index in hits:
+                out[index] = self._polya_positive_fast(nonzero, shares, low, high)
         return out
 
-    def _polya_positive(self, nonzero: Fraction, shares: int) -> int:
+    def _polya_positive_fast(self, nonzero: Fraction, shares: int, low: list[int], high: list[int]) -> int:
+        """``_polya_positive`` decided from 64 bits of U and a cached table when that is certain.
+
+        low[k-1] <= 2^64 F_k <= high[k-1] (F_k the cumulative law given >= 1): U < F_k is certain
+        when w + 1 <= low[k-1], U >= F_k when w >= high[k-1]. Otherwise (probability about
+        2^-60) the exact routine continues with the same 64 bits, so the law is unchanged.
+        """
+        word = self.randbits(64)
+        k = bisect.bisect_left(low, word + 1) + 1  # first k with low[k-1] >= w + 1
+        if k <= len(low) and bisect.bisect_right(high, word) >= k - 1:
+            return k
+        return self._polya_positive(nonzero, shares, word)
+
+    def _polya_positive(self, nonzero: Fraction, shares: int, word: int | None = None) -> int:
         """K given K >= 1, K ~ NB(1/shares, a): inversion of an exact uniform, a bracketed lazily.
 
         P[K = k | K >= 1] = (1 - nonzero) / nonzero * c_k a^k, c_k = prod_{j<k} (1/shares + j)/(j + 1).
@@ -207,7 +225,8 @@ class Csprng:
         """
         scale = (1 - nonzero) / nonzero
         shape = Fraction(1, shares)
-        bits, word = 64, self.randbits(64)
+        bits = 64
+        word = self.randbits(64) if word is None else word
         precision = 128
         while True:
             low_a, high_a = polya_alpha_bounds(nonzero, shares, precision)
@@ -267,6 +286,36 @@ def polya_alpha_bounds(nonzero: Fraction, shares: int, precision: int) -> tuple[
             base_low = (base_low * base_low) >> precision
             base_high = -((-base_high * base_high) >> precision)
     return Fraction(one - min(power_high, one), one), Fraction(one - power_low, one)
+
+
+@functools.lru_cache(maxsize=32)
+def _polya_table(nonzero: Fraction, shares: int) -> tuple[list[int], list[int]]:
+    """Integers bracketing 2^64 F_k (cumulative law of a Polya draw given >= 1) for k = 1, 2, ...
+
+    Built from a's bracket at 128 bits; the list stops once the lower end is within 2^-20 of 1
+    (later k go to the exact routine).
+    """
+    scale = (1 - nonzero) / nonzero
+    shape = Fraction(1, shares)
+    low_a, high_a = polya_alpha_bounds(nonzero, shares, 128)
+    one = 1 << 64
+    low: list[int] = []
+    high: list[int] = []
+    coefficient, term_low, term_high = shape, low_a, high_a
+    cum_low = cum_high = Fraction(0)
+    k = 1
+    while k <= 10_000:
+        cum_low += coefficient * term_low
+        cum_high += coefficient * term_high
+        low.append(math.floor(scale * cum_low * one))
+        high.append(math.ceil(scale * cum_high * one))
+        if low[-1] >= one - (one >> 20):
+            break
+        coefficient *= (shape + k) / (k + 1)
+        term_low *= low_a
+        term_high *= high_a
+        k += 1
+    return low, high
 
 
 def polya_probability(k: int, nonzero: Fraction, shares: int) -> Fraction:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from deniable.core import mechanisms
+from deniable.core import audit, mechanisms
 from deniable.core.accounting.protocols import (
     MULTI_SUM_POLYA,
     multi_sum_guarantee,
@@ -101,6 +101,17 @@ def test_sampler_fits_the_exact_law_and_a_wrong_shape_is_rejected() -> None:
     assert statistic <= critical
     wrong, _ = chi_square_against_law(draws, [polya_probability(k, nonzero, 5) for k in range(12)])
     assert wrong > critical
+
+
+def test_exact_routine_alone_fits_the_law_given_positive() -> None:
+    """The table only short-cuts the exact inversion: the exact routine by itself (20,000 draws)
+    must fit P[k | k >= 1] (chi-square at 1e-6; bins 1..10, tail lumped)."""
+    nonzero, shares = Fraction(1, 3), 4
+    rng = Csprng()
+    draws = np.array([rng._polya_positive(nonzero, shares) for _ in range(20_000)]) - 1
+    law = [polya_probability(k + 1, nonzero, shares) / nonzero for k in range(10)]
+    statistic, critical = chi_square_against_law(draws, law)
+    assert draws.min() >= 0 and statistic <= critical
 
 
 def test_sampler_rejects_bad_parameters() -> None:
@@ -204,3 +215,51 @@ def test_estimator_exact_noise_law_and_coverage_through_the_real_randomiser() ->
     statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
     assert statistic <= stats.chi2.isf(ALPHA / 2, len(bins))
     assert covered >= stats.binom.ppf(ALPHA / 2, rounds, 0.95)
+
+
+# --------------------------------------------------------------------------- central audit
+
+
+def released_sums(mech: MultiMessageSum, truth: int, noisy_devices: int, runs: int) -> np.ndarray:
+    """``runs`` releases S + W where ``noisy_devices`` devices each add y - y' (CSPRNG draws)."""
+    rng = Csprng()
+    out = np.empty(runs, dtype=np.int64)
+    chunk = max(1, 1_000_000 // (2 * noisy_devices))
+    for start in range(0, runs, chunk):
+        rows = min(chunk, runs - start)
+        draws = rng.polya_many(mech.noise, mech.expected_n, 2 * noisy_devices * rows)
+        sums = draws.reshape(rows, 2, noisy_devices).sum(axis=2)
+        out[start : start + rows] = truth + sums[:, 0] - sums[:, 1]
+    return out
+
+
+def central_epsilon_lower_bound(a: np.ndarray, b: np.ndarray, cuts: list[int], delta: float) -> float:
+    """Lower confidence bound (level 1 - ALPHA, Clopper-Pearson, Bonferroni over events and
+    directions) on max over the events {release >= c} of ln((P_a - delta) / P_b), both ways."""
+    level = ALPHA / (4 * len(cuts))
+    best = -math.inf
+    for cut in cuts:
+        xa, xb = int((a >= cut).sum()), int((b >= cut).sum())
+        for top, top_n, bottom, bottom_n in ((xa, a.size, xb, b.size), (xb, b.size, xa, a.size)):
+            low = audit.clopper_pearson_lower(top, top_n, level) - delta
+            if low > 0:
+                best = max(best, math.log(low / audit.clopper_pearson_upper(bottom, bottom_n, level)))
+    return best
+
+
+def test_central_audit_never_refutes_the_stated_epsilon_and_catches_half_the_noise() -> None:
+    """Neighbouring sums s and s + 1 released with the exact noise of 100 devices (40,000 runs
+    each): the audit's lower bound on eps (events {release >= s + t}, t = 0..2) stays below the
+    stated central eps (false-failure rate 1e-6). A mutant where only half the devices add noise
+    (stated eps unchanged) is refuted: its true ratio at t = 1 is about e^1.5."""
+    mech = build(1.0, expected_n=100.0, delta=1e-6)
+    claimed = mech.central_guarantee(100, 1e-6).epsilon
+    cuts = [40, 41, 42]
+    honest = central_epsilon_lower_bound(
+        released_sums(mech, 41, 100, 40_000), released_sums(mech, 40, 100, 40_000), cuts, 1e-6
+    )
+    assert honest <= claimed
+    lazy = central_epsilon_lower_bound(
+        released_sums(mech, 41, 50, 40_000), released_sums(mech, 40, 50, 40_000), cuts, 1e-6
+    )
+    assert lazy > claimed
