@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def _domain(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``privacy mechanisms``, ``privacy plan`` and ``privacy amplify``."""
+    """Add ``privacy mechanisms``, ``privacy plan``, ``privacy amplify`` and ``privacy profile``."""
     privacy = sub.add_parser("privacy", help="mechanisms, planning and accounting").add_subparsers(
         dest="action", required=True
     )
@@ -67,6 +68,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     amplify.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
     amplify.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
     amplify.add_argument("--json", action="store_true")
+
+    profile = privacy.add_parser(
+        "profile", help="the privacy profile δ(ε) of n shuffled reports (table, JSON or a plot)"
+    )
+    profile.add_argument("--mechanism", required=True)
+    profile.add_argument(
+        "--epsilon0", type=_positive_float, required=True, help="local ε0 (shuffle-only: the central target)"
+    )
+    profile.add_argument("--n", type=_positive_int, required=True, help="devices shuffled together")
+    profile.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
+    profile.add_argument(
+        "--delta",
+        type=_probability,
+        default=1e-6,
+        help="δ shuffle-only protocols calibrate to (default 1e-6)",
+    )
+    profile.add_argument(
+        "--expected-n",
+        type=_positive_int,
+        default=None,
+        help="shuffle-only protocols: planned n (default --n)",
+    )
+    profile.add_argument(
+        "--epsilon", type=float, action="append", default=None, help="ε to evaluate (repeatable)"
+    )
+    profile.add_argument("--points", type=_positive_int, default=20, help="grid points when no --epsilon")
+    profile.add_argument("--json", action="store_true")
+    profile.add_argument("--plot", type=str, default=None, help="write a PNG of δ(ε) to this path")
+    profile.set_defaults(handler=profile_command)
     amplify.set_defaults(handler=amplify_command)
 
 
@@ -218,4 +248,112 @@ def amplify_command(args: argparse.Namespace) -> int:
     print(
         f"tightest: central (ε, δ) = ({result['epsilon']:.4f}, {result['delta']:g}) by {result['analysis']}"
     )
+    return 0
+
+
+def profile_table(
+    mechanism: str,
+    epsilon0: float,
+    n: int,
+    domain: int,
+    delta: float,
+    expected_n: int,
+    epsilons: list[float] | None,
+    points: int,
+) -> dict[str, Any]:
+    """delta(eps) on a grid (or at the given eps), with the guarantee at ``delta``, JSON-ready."""
+    import inspect
+
+    from deniable.core import mechanisms
+
+    accepted = inspect.signature(mechanisms.mechanism_class(mechanism)).parameters
+    params: dict[str, float] = {}
+    if "delta" in accepted:
+        params["delta"] = delta
+    if "expected_n" in accepted:
+        params["expected_n"] = float(expected_n)
+    randomiser = mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain, **params)
+    guarantee = randomiser.central_guarantee(n, delta)
+    if epsilons is None:  # up to twice the stated eps, where delta(eps) changes most
+        top = epsilon0 if randomiser.local_privacy else 2 * epsilon0
+        if guarantee.amplified and math.isfinite(guarantee.epsilon) and guarantee.epsilon > 0:
+            top = min(top, 2 * guarantee.epsilon)
+        epsilons = [top * j / points for j in range(1, points + 1)]
+    for eps in epsilons:
+        if not (math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"--epsilon must be a finite number >= 0, got {eps!r}")
+    rows = [{"epsilon": eps, "delta": randomiser.privacy_profile(n, eps)} for eps in sorted(epsilons)]
+    return {
+        "mechanism": mechanism,
+        "epsilon0": epsilon0,
+        "n": n,
+        "domain_size": domain,
+        "local_privacy": randomiser.local_privacy,
+        "params": randomiser.parameters(),
+        "profile": rows,
+        "guarantee": {
+            "epsilon": guarantee.epsilon,
+            "delta": guarantee.delta,
+            "analysis": guarantee.analysis,
+            "amplified": guarantee.amplified,
+        },
+    }
+
+
+def plot_profile(result: dict[str, Any], path: str) -> None:
+    """delta(eps) on a log scale, with the stated guarantee marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eps = [row["epsilon"] for row in result["profile"]]
+    deltas = [max(row["delta"], 1e-300) for row in result["profile"]]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.semilogy(eps, deltas, marker="o", markersize=3, label="δ(ε) (upper bound)")
+    guarantee = result["guarantee"]
+    if math.isfinite(guarantee["epsilon"]) and guarantee["delta"] > 0:
+        ax.scatter([guarantee["epsilon"]], [guarantee["delta"]], color="C3", zorder=3, label="stated (ε, δ)")
+    ax.set_xlabel("ε")
+    ax.set_ylabel("δ")
+    ax.set_title(
+        f"{result['mechanism']}: ε0 = {result['epsilon0']:g}, n = {result['n']}, k = {result['domain_size']}"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """``privacy profile``: delta(eps) as a table, JSON, and optionally a PNG."""
+    try:
+        result = profile_table(
+            args.mechanism,
+            args.epsilon0,
+            args.n,
+            args.domain,
+            args.delta,
+            args.expected_n or args.n,
+            args.epsilon,
+            args.points,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        plot_profile(result, args.plot)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    local = "local ε0" if result["local_privacy"] else "parameter ε0 (shuffle-only protocol)"
+    print(f"{args.mechanism}, {local} = {args.epsilon0:g}, n = {args.n}, k = {args.domain}")
+    print(
+        _table(["ε", "δ(ε)"], [[f"{row['epsilon']:.4f}", f"{row['delta']:.3e}"] for row in result["profile"]])
+    )
+    guarantee = result["guarantee"]
+    print(f"stated at δ = {args.delta:g}: central ε = {guarantee['epsilon']:.4f} ({guarantee['analysis']})")
+    if args.plot:
+        print(f"plot: {args.plot}")
     return 0

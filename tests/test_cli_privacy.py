@@ -219,3 +219,63 @@ def test_demo_plans_and_compares_with_central_laplace(
         a = math.exp(-campaign["central_epsilon"])
         floor = (math.sqrt(2 * a) / (1 - a)) / (math.sqrt(2) / campaign["central_epsilon"])
         assert campaign["expected_error_ratio"] >= floor * (1 - 1e-4), "beats the trusted curator"
+
+
+def test_profile_json_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plot = tmp_path / "profile.png"
+    data = _json_out(
+        capsys,
+        "privacy",
+        "profile",
+        "--mechanism",
+        "grr",
+        "--epsilon0",
+        "3",
+        "--n",
+        "20000",
+        "--domain",
+        "8",
+        "--points",
+        "6",
+        "--plot",
+        str(plot),
+        "--json",
+    )
+    assert set(data) >= {"mechanism", "epsilon0", "n", "domain_size", "profile", "guarantee", "params"}
+    rows = data["profile"]
+    assert isinstance(rows, list) and len(rows) == 6
+    deltas = [row["delta"] for row in rows]
+    assert deltas == sorted(deltas, reverse=True) and 0 < deltas[0] <= 1
+    guarantee = data["guarantee"]
+    assert isinstance(guarantee, dict) and "blanket" in guarantee["analysis"]
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+    # the stated guarantee lies on the curve: delta(eps_stated) <= 1e-6
+    mech = mechanisms.create("grr", epsilon0=3.0, domain_size=8)
+    assert mech.privacy_profile(20_000, guarantee["epsilon"]) <= 1e-6 * (1 + 1e-6)
+
+    assert (
+        main(
+            [
+                "privacy",
+                "profile",
+                "--mechanism",
+                "multi_message_sum",
+                "--epsilon0",
+                "1",
+                "--n",
+                "5000",
+                "--epsilon",
+                "0.5",
+                "--epsilon",
+                "1.5",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "0.5000" in printed and "1.5000" in printed and "Polya" in printed
+    assert (
+        main(["privacy", "profile", "--mechanism", "grr", "--epsilon0", "1", "--n", "100", "--epsilon", "-1"])
+        == 2
+    )
+    assert "must be a finite number" in capsys.readouterr().err

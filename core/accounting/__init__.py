@@ -4,6 +4,7 @@ from deniable.core.accounting.accountant import (
     all_bounds,
     analyses_for,
     best_bound,
+    best_delta,
     realised_probabilities,
 )
 from deniable.core.accounting.analyses import (
@@ -58,6 +59,7 @@ __all__ = [
     "basic_composition",
     "best_bound",
     "best_composition",
+    "best_delta",
     "central_guarantee",
     "central_laplace",
     "fmt21_closed_form",

@@ -10,6 +10,7 @@ generic analyses only, which hold for every epsilon0-LDP randomiser.
 from __future__ import annotations
 
 import functools
+import math
 from fractions import Fraction
 
 from deniable.core.accounting.analyses import (
@@ -24,7 +25,7 @@ from deniable.core.accounting.analyses import (
     is_amplified,
     local_only,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.accounting.shuffle import LOCAL_ONLY, AmplificationBound
 
 BINARY_RR = "binary_rr"
 GRR = "grr"
@@ -131,6 +132,34 @@ def _best_bound(
     if best is None or not is_amplified(best[0], epsilon0):
         return local_only(epsilon0, f"no analysis amplifies at n={n}, delta={delta:g} [{summary}]")
     return AmplificationBound(best[0], delta, best[1].name, True, f"tightest of: {summary}")
+
+
+def best_delta(
+    epsilon0: float,
+    n: int,
+    epsilon: float,
+    mechanism: str | None = None,
+    domain_size: int | None = None,
+) -> tuple[float, str]:
+    """The privacy profile delta(epsilon) of n shuffled reports: the pointwise minimum of every
+    valid analysis's profile (each is an upper bound, so their minimum is one), and its name.
+
+    0 at or above epsilon0 (the local guarantee holds with delta = 0).
+    """
+    check_inputs(epsilon0, n)
+    if not (math.isfinite(epsilon) and epsilon >= 0):
+        raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    mechanism, domain_size = _normalise(mechanism, domain_size)
+    if epsilon >= epsilon0:
+        return 0.0, LOCAL_ONLY
+    best, name = 1.0, LOCAL_ONLY
+    if n <= 1 or epsilon0 > MAX_EPSILON0:
+        return best, name
+    for analysis in analyses_for(epsilon0, n, mechanism, domain_size):
+        delta = analysis.delta_for_epsilon(epsilon)
+        if delta < best:
+            best, name = delta, analysis.name
+    return best, name
 
 
 def clear_cache() -> None:

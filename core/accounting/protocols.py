@@ -86,6 +86,16 @@ def cheu_guarantee(flip: Fraction, n: int, delta: float) -> AmplificationBound:
     return AmplificationBound(epsilon, delta, CHEU, True, note)
 
 
+def cheu_delta(flip: Fraction, n: int, epsilon: float) -> float:
+    """delta(eps) of n shuffled Cheu et al. reports: the exact binary-RR profile (0 at eps_L)."""
+    local = cheu_local_epsilon(flip)
+    if flip >= 1 or epsilon >= local:
+        return 0.0
+    if n <= 1:
+        return 1.0
+    return BinaryRRExact(local, int(n), cheu_keep(flip)).delta_for_epsilon(epsilon)
+
+
 @functools.lru_cache(maxsize=64)
 def cheu_flip_for_target(epsilon: float, delta: float, n: int) -> int:
     """Numerator g of the smallest gamma = g / 2**52 (to 1/128 relative) meeting (eps, delta) at n."""
@@ -159,6 +169,18 @@ def balcer_cheu_guarantee(gamma: Fraction, n: int, delta: float) -> Amplificatio
     return AmplificationBound(2 * eps_b, delta, BALCER_CHEU, True, note)
 
 
+def balcer_cheu_delta(gamma: Fraction, n: int, epsilon: float) -> float:
+    """The theorem solved for delta: 4 exp(-eps_b^2 (1 - p) n / 50), eps_b = min(eps, 2)/2 <= 1.
+
+    Above eps = 2 the theorem's range ends; the profile only falls with eps, so delta(2) holds.
+    1 (nothing) outside the theorem (no devices, or 1 - p > 1/2).
+    """
+    if n < 1 or gamma > Fraction(1, 2) or epsilon <= 0:
+        return 1.0
+    eps_b = min(epsilon, 2.0) / 2
+    return min(1.0, 4 * math.exp(-(eps_b**2) * float(gamma) * n / 50) * _SAFETY)
+
+
 # =========================================================================== sample and threshold
 
 _ST_MAX_ROWS: Final = 3000
@@ -197,6 +219,15 @@ def sample_threshold_add_delta(rate: float, threshold: int, epsilon: float) -> f
     else:
         worst = max(worst, beyond)
     return min(1.0, worst * _SAFETY + 1e-300)
+
+
+def sample_threshold_delta(rate: float, threshold: int, epsilon: float) -> float:
+    """delta(eps) of the released histogram: the gaining bucket's profile at eps - ln(1/(1-s))
+    (the losing bucket is pure ln(1/(1-s))); 1 at or below that."""
+    removal = -math.log1p(-rate)
+    if not 0 < rate < 1 or threshold < 0 or epsilon <= removal:
+        return 1.0
+    return sample_threshold_add_delta(rate, threshold, epsilon - removal)
 
 
 @functools.lru_cache(maxsize=256)

@@ -20,7 +20,13 @@ from fractions import Fraction
 import numpy as np
 
 from deniable.core.accounting._binomial import FloatArray, chernoff_window, pmf_run
-from deniable.core.accounting.protocols import GRID, GRID_BITS, balcer_cheu_gamma, balcer_cheu_guarantee
+from deniable.core.accounting.protocols import (
+    GRID,
+    GRID_BITS,
+    balcer_cheu_delta,
+    balcer_cheu_gamma,
+    balcer_cheu_guarantee,
+)
 from deniable.core.accounting.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import Estimate, LocalRandomiser, Tally
 from deniable.core.mechanisms.exact import z_score
@@ -98,6 +104,10 @@ class BalcerCheuHistogram(LocalRandomiser):
     def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
         """Balcer-Cheu's theorem at the real n for the fixed 1 - p (not applicable outside it)."""
         return balcer_cheu_guarantee(self.skip, n, delta)
+
+    def privacy_profile(self, n: int, epsilon: float) -> float:
+        """The theorem read the other way: delta(eps) at the fixed 1 - p and the real n."""
+        return balcer_cheu_delta(self.skip, n, epsilon)
 
     @property
     def presence(self) -> int:

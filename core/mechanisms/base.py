@@ -132,6 +132,17 @@ class LocalRandomiser(ABC):
 
         return best_bound(self.epsilon0, n, delta, mechanism=self.name, domain_size=self.domain_size)
 
+    def privacy_profile(self, n: int, epsilon: float) -> float:
+        """delta(epsilon) of n devices' shuffled outputs: an upper bound on the hockey-stick
+        divergence at e^epsilon over all neighbouring datasets (replace one device's value).
+
+        By default the pointwise minimum of the accountant's valid analyses for this randomiser
+        (0 at or above epsilon0). Shuffle-only protocols override it with their own analysis.
+        """
+        from deniable.core.accounting import best_delta
+
+        return best_delta(self.epsilon0, n, epsilon, mechanism=self.name, domain_size=self.domain_size)[0]
+
     def parameters(self) -> dict[str, float]:
         """Parameters beyond epsilon0 and the domain, as stored in ``Campaign.params``."""
         return {}

@@ -20,6 +20,7 @@ import numpy as np
 from deniable.core.accounting.protocols import (
     GRID,
     GRID_BITS,
+    cheu_delta,
     cheu_flip_for_target,
     cheu_guarantee,
     cheu_local_epsilon,
@@ -84,6 +85,10 @@ class CheuBinarySum(DirectEncoding):
     def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
         """The exact shuffled binary-RR profile at the real n (the local eps_L where that is better)."""
         return cheu_guarantee(self.flip, n, delta)
+
+    def privacy_profile(self, n: int, epsilon: float) -> float:
+        """The exact shuffled binary-RR profile at keep = 1 - gamma/2 (0 at the local eps_L)."""
+        return cheu_delta(self.flip, n, epsilon)
 
     def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
         self.check_value(value)

@@ -22,7 +22,11 @@ import numpy as np
 import numpy.typing as npt
 
 from deniable.core.accounting._binomial import log_pmf
-from deniable.core.accounting.protocols import sample_threshold_add_delta, sample_threshold_guarantee
+from deniable.core.accounting.protocols import (
+    sample_threshold_add_delta,
+    sample_threshold_delta,
+    sample_threshold_guarantee,
+)
 from deniable.core.accounting.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import (
     Estimate,
@@ -298,6 +302,10 @@ class SampleAndThreshold(LocalRandomiser):
     def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
         """The released histogram's (eps, delta); the same for every n (worst case over the others)."""
         return sample_threshold_guarantee(self.sample_rate, self.threshold, delta)
+
+    def privacy_profile(self, n: int, epsilon: float) -> float:
+        """delta(eps) of the released histogram; the same for every n (worst case over the others)."""
+        return sample_threshold_delta(self.sample_rate, self.threshold, epsilon)
 
     @property
     def null(self) -> int:
