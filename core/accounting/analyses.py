@@ -104,6 +104,31 @@ class Analysis(ABC):
         return AmplificationBound(epsilon, delta, self.name, True, self.detail())
 
 
+def largest_affordable_n(n: int, cost: Callable[[int], int], budget: int) -> int:
+    """n when cost(n) <= budget, else the largest n' < n within it (cost rises with n).
+
+    Valid for analyses of the true profile, which only falls with n (one more report is
+    post-processing), so a bound computed at n' holds at n.
+    """
+    if cost(n) <= budget:
+        return n
+    lo, hi = 1, n  # cost(lo) is affordable, cost(hi) is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if cost(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def budget_detail(n: int, evaluated_n: int) -> str:
+    """The note an analysis evaluated below n carries (empty when it ran at n)."""
+    if evaluated_n == n:
+        return ""
+    return f"evaluated at n'={evaluated_n} < n (cost budget); valid because the profile falls with n"
+
+
 def is_amplified(epsilon: float, epsilon0: float) -> bool:
     """Whether epsilon beats the local epsilon0 by more than the search tolerance."""
     return epsilon < epsilon0 * (1 - SEARCH_RELATIVE_TOLERANCE)
@@ -313,22 +338,10 @@ class GRRFullBlanket(GRRBlanket):
     @property
     def evaluated_n(self) -> int:
         """n itself when affordable, else the largest n' < n within ``max_cells``."""
-        if self._cells(self.n) <= self.max_cells:
-            return self.n
-        lo, hi = 1, self.n  # cells(lo) is affordable, cells(hi) is not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self._cells(mid) <= self.max_cells:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_affordable_n(self.n, self._cells, self.max_cells)
 
     def detail(self) -> str:
-        n_eval = self.evaluated_n
-        if n_eval == self.n:
-            return ""
-        return f"evaluated at n'={n_eval} < n (cost budget); valid because the profile falls with n"
+        return budget_detail(self.n, self.evaluated_n)
 
     def delta_for_epsilon(self, epsilon: float) -> float:
         p, o = self._probabilities()
@@ -382,22 +395,10 @@ class BinaryRRExact(Analysis):
     @property
     def evaluated_n(self) -> int:
         """n itself when affordable, else the largest n' < n within ``max_work``."""
-        if _binary_rr.work(self.keep, self.n) <= self.max_work:
-            return self.n
-        lo, hi = 1, self.n  # work(lo) is affordable, work(hi) is not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if _binary_rr.work(self.keep, mid) <= self.max_work:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_affordable_n(self.n, lambda n: _binary_rr.work(self.keep, n), self.max_work)
 
     def detail(self) -> str:
-        n_eval = self.evaluated_n
-        if n_eval == self.n:
-            return ""
-        return f"evaluated at n'={n_eval} < n (cost budget); valid because the profile falls with n"
+        return budget_detail(self.n, self.evaluated_n)
 
     def delta_for_epsilon(self, epsilon: float) -> float:
         if epsilon >= self.local_epsilon:
