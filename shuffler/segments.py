@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, overload
@@ -31,6 +31,7 @@ from deniable.shuffler.spool import (
     CampaignSpoolStats,
     Envelope,
     Permutation,
+    SpoolDatabase,
     new_batch_id,
     open_spool_database,
     write_transaction,
@@ -377,7 +378,7 @@ class FormedBatch:
     wire: bytes | bytearray
 
 
-class SegmentSpool:
+class SegmentSpool(SpoolDatabase):
     """SpoolStore on one SQLite file (WAL, synchronous=FULL, secure_delete), reports in segments.
 
     Thread safe. Besides the SpoolStore methods it offers the fast paths the shuffler uses:
@@ -394,9 +395,6 @@ class SegmentSpool:
         self._db = open_spool_database(path, _SCHEMA, self._migrate_rows)
 
     # -- writing -----------------------------------------------------------------------------
-
-    def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
-        write_transaction(self._db, self._lock, work)
 
     def _migrate_rows(self, spool_db: sqlite3.Connection) -> None:
         """Move reports from the per-report layout (``SqliteSpool``) into segments, once."""
@@ -667,38 +665,3 @@ class SegmentSpool:
             )
         )
         return deleted[0] > 0
-
-    # -- campaigns and housekeeping --------------------------------------------------------------
-
-    def cache_campaign(self, campaign: pb.Campaign) -> None:
-        """Insert or replace the serialized campaign."""
-        blob = campaign.SerializeToString(deterministic=True)
-        self._write(
-            lambda db: db.execute(
-                "INSERT OR REPLACE INTO campaigns (campaign_id, campaign) VALUES (?, ?)", (campaign.id, blob)
-            )
-        )
-
-    def cached_campaign(self, campaign_id: str) -> pb.Campaign | None:
-        """The cached campaign, or None."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT campaign FROM campaigns WHERE campaign_id = ?", (campaign_id,)
-            ).fetchone()
-        return None if row is None else pb.Campaign.FromString(bytes(row[0]))
-
-    def cached_campaigns(self) -> list[pb.Campaign]:
-        """Every cached campaign, sorted by id."""
-        with self._lock:
-            rows = self._db.execute("SELECT campaign FROM campaigns ORDER BY campaign_id").fetchall()
-        return [pb.Campaign.FromString(bytes(row[0])) for row in rows]
-
-    def scrub(self) -> None:
-        """Checkpoint and truncate the WAL, whose frames still hold pending pages in arrival order."""
-        with self._lock:
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-    def close(self) -> None:
-        """Close the connection once no call is running (closing twice is allowed)."""
-        with self._lock:
-            self._db.close()

@@ -182,16 +182,56 @@ def write_transaction(
             raise
 
 
-class SqliteSpool:
+class SpoolDatabase:
+    """What both SQLite spools share: one connection under one lock, the campaign cache, WAL upkeep."""
+
+    _db: sqlite3.Connection
+    _lock: threading.Lock
+
+    def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
+        write_transaction(self._db, self._lock, work)
+
+    def cache_campaign(self, campaign: pb.Campaign) -> None:
+        """Insert or replace the serialized campaign."""
+        blob = campaign.SerializeToString(deterministic=True)
+        self._write(
+            lambda db: db.execute(
+                "INSERT OR REPLACE INTO campaigns (campaign_id, campaign) VALUES (?, ?)", (campaign.id, blob)
+            )
+        )
+
+    def cached_campaign(self, campaign_id: str) -> pb.Campaign | None:
+        """The cached campaign, or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT campaign FROM campaigns WHERE campaign_id = ?", (campaign_id,)
+            ).fetchone()
+        return None if row is None else pb.Campaign.FromString(bytes(row[0]))
+
+    def cached_campaigns(self) -> list[pb.Campaign]:
+        """Every cached campaign, sorted by id."""
+        with self._lock:
+            rows = self._db.execute("SELECT campaign FROM campaigns ORDER BY campaign_id").fetchall()
+        return [pb.Campaign.FromString(bytes(row[0])) for row in rows]
+
+    def scrub(self) -> None:
+        """Checkpoint and truncate the WAL, whose frames still hold pending pages in arrival order."""
+        with self._lock:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        """Close the connection once no call is running (closing twice is allowed)."""
+        with self._lock:
+            self._db.close()
+
+
+class SqliteSpool(SpoolDatabase):
     """SpoolStore on one SQLite file (WAL, synchronous=FULL, secure_delete); thread safe."""
 
     def __init__(self, path: Path) -> None:
         """Open or create the spool at ``path``; ConfigurationError if the place is unusable."""
         self._lock = threading.Lock()
         self._db = open_spool_database(path, _SCHEMA)
-
-    def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
-        write_transaction(self._db, self._lock, work)
 
     def append(self, reports: Sequence[Envelope]) -> None:
         """Insert every report in one durable transaction (nothing if ``reports`` is empty)."""
@@ -338,45 +378,6 @@ class SqliteSpool:
             CampaignSpoolStats(str(c), int(pending.get(c, 0)), int(in_flight.get(c, 0)))
             for c in sorted(set(pending) | set(in_flight))
         ]
-
-    def cache_campaign(self, campaign: pb.Campaign) -> None:
-        """Insert or replace the serialized campaign."""
-        blob = campaign.SerializeToString(deterministic=True)
-        self._write(
-            lambda db: db.execute(
-                "INSERT OR REPLACE INTO campaigns (campaign_id, campaign) VALUES (?, ?)", (campaign.id, blob)
-            )
-        )
-
-    def cached_campaign(self, campaign_id: str) -> pb.Campaign | None:
-        """The cached campaign, or None."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT campaign FROM campaigns WHERE campaign_id = ?", (campaign_id,)
-            ).fetchone()
-        return None if row is None else _parse_campaign(row[0])
-
-    def cached_campaigns(self) -> list[pb.Campaign]:
-        """Every cached campaign, sorted by id."""
-        with self._lock:
-            rows = self._db.execute("SELECT campaign FROM campaigns ORDER BY campaign_id").fetchall()
-        return [_parse_campaign(row[0]) for row in rows]
-
-    def scrub(self) -> None:
-        """Checkpoint and truncate the WAL, whose frames still hold pending pages in arrival order."""
-        with self._lock:
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-    def close(self) -> None:
-        """Close the connection once no call is running."""
-        with self._lock:
-            self._db.close()
-
-
-def _parse_campaign(blob: bytes) -> pb.Campaign:
-    campaign = pb.Campaign()
-    campaign.ParseFromString(blob)
-    return campaign
 
 
 def envelopes_of(reports: Iterable[pb.EncryptedReport]) -> list[Envelope]:
