@@ -176,6 +176,24 @@ def call_ks_distance(randomise: Callable[[int], bytes], a: int, b: int, samples:
     return float(stats.ks_2samp(times[0], times[1]).statistic)
 
 
+def decoded_sums(mech: LocalRandomiser, values: Sequence[int], rounds: int) -> tuple[np.ndarray, list[bool]]:
+    """Per round: every device through randomise, split, tally and the decoder; the "ones"
+    estimate and whether its CI covers the true number of ones (multi-message sums)."""
+    truth = sum(values)
+    ones = np.empty(rounds)
+    covered: list[bool] = []
+    for r in range(rounds):
+        messages = [m for p in mech.randomise_many(values) for m in mech.split_messages(p)]
+        tally = mech.tally(messages)
+        assert not tally.invalid.any()
+        n = mech.devices(tally.counts.tolist(), len(messages))
+        rows = mech.estimate(tally.counts.tolist(), n)
+        assert rows[0].estimate + rows[1].estimate == n == len(values)
+        ones[r] = rows[1].estimate
+        covered.append(rows[1].ci_low <= truth <= rows[1].ci_high)
+    return ones, covered
+
+
 @dataclass(frozen=True)
 class Kit:
     """The helpers above, handed to tests as a fixture (importlib mode cannot import conftest)."""
@@ -194,6 +212,9 @@ class Kit:
     block_ks_distance: Callable[[Callable[[int], object], int], float] = block_ks_distance
     call_ks_bound: float = CALL_KS_BOUND
     call_ks_distance: Callable[[Callable[[int], bytes], int, int, int], float] = call_ks_distance
+    decoded_sums: Callable[[LocalRandomiser, Sequence[int], int], tuple[np.ndarray, list[bool]]] = (
+        decoded_sums
+    )
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import itertools
 import math
 from collections import Counter
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -31,6 +32,9 @@ from deniable.core.accounting.protocols import (
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.core.mechanisms.multi_sum import BinomialMultiMessageSum
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import Kit
 
 ALPHA = 1e-6  # false-failure rate of each statistical assertion
 Law = dict[tuple[int, ...], Fraction]
@@ -268,25 +272,15 @@ def test_decoding_refuses_missing_shares_and_a_small_modulus() -> None:
 # --------------------------------------------------------------------------- estimator
 
 
-def test_estimator_unbiased_exact_variance_and_coverage_through_the_real_randomiser() -> None:
+def test_estimator_unbiased_exact_variance_and_coverage_through_the_real_randomiser(kit: Kit) -> None:
     """300 rounds of 3,000 real devices (CSPRNG, all messages through tally and the decoder).
     The decoded sum is S + W exactly, W a sum of 3,000 iid bounded terms (excess kurtosis
     O(1/(n p)), negligible): mean, chi-square variance band and coverage, Bonferroni over three
     checks, total false-failure rate 1e-6."""
     mech = build(1.0, expected_n=3000.0, delta=1e-6)
-    values = [1] * 1200 + [0] * 1800
     rounds = 300
-    ones = np.empty(rounds)
-    covered = 0
-    for r in range(rounds):
-        messages = [m for p in mech.randomise_many(values) for m in mech.split_messages(p)]
-        tally = mech.tally(messages)
-        assert not tally.invalid.any()
-        n = mech.devices(tally.counts.tolist(), len(messages))
-        rows = mech.estimate(tally.counts.tolist(), n)
-        assert rows[0].estimate + rows[1].estimate == n
-        ones[r] = rows[1].estimate
-        covered += rows[1].ci_low <= 1200 <= rows[1].ci_high
+    ones, covers = kit.decoded_sums(mech, [1] * 1200 + [0] * 1800, rounds)
+    covered = sum(covers)
     variance = float(mech.variance([1800, 1200], 3000)[1])
     assert variance == pytest.approx(3000 * 2 * float(mech.noise) * (1 - float(mech.noise)))
     level = ALPHA / 3

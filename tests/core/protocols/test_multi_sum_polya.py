@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -28,6 +29,9 @@ from deniable.core.accounting.protocols import (
 from deniable.core.mechanisms.multi_sum import MultiMessageSum
 from deniable.core.rng import Csprng, polya_alpha_bounds, polya_probability
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import Kit
 
 ALPHA = 1e-6  # false-failure rate of each statistical assertion
 
@@ -187,25 +191,16 @@ def test_registry_round_trip_and_refusals() -> None:
         mech.output_distribution(0)
 
 
-def test_estimator_exact_noise_law_and_coverage_through_the_real_randomiser() -> None:
+def test_estimator_exact_noise_law_and_coverage_through_the_real_randomiser(kit: Kit) -> None:
     """1,500 rounds of 200 real devices (CSPRNG, every message through tally and the decoder) at
     expected_n = 200: the decoded sum minus the truth must be exactly discrete Laplace(a)
     (chi-square, |w| > 4 lumped, every expected count >= 10) and the exact intervals must cover
     at least 95% (one-sided binomial); Bonferroni over the two, total false-failure rate 1e-6."""
     mech = build(1.0, expected_n=200.0, delta=1e-6)
-    values = [1] * 80 + [0] * 120
     rounds = 1500
-    noise = np.empty(rounds, dtype=np.int64)
-    covered = 0
-    for r in range(rounds):
-        messages = [m for p in mech.randomise_many(values) for m in mech.split_messages(p)]
-        tally = mech.tally(messages)
-        assert not tally.invalid.any()
-        n = mech.devices(tally.counts.tolist(), len(messages))
-        rows = mech.estimate(tally.counts.tolist(), n)
-        assert rows[0].estimate + rows[1].estimate == n
-        noise[r] = round(rows[1].estimate) - 80
-        covered += rows[1].ci_low <= 80 <= rows[1].ci_high
+    ones, covers = kit.decoded_sums(mech, [1] * 80 + [0] * 120, rounds)
+    noise = np.round(ones).astype(np.int64) - 80
+    covered = sum(covers)
     a = mech.noise_alpha
     bins = list(range(-4, 5))
     law = [(1 - a) / (1 + a) * a ** abs(w) for w in bins]
