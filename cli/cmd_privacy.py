@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deniable.core.accounting.planner import Plan
+    from deniable.core.mechanisms.base import LocalRandomiser
 
 
 def _positive_int(text: str) -> int:
@@ -174,12 +175,28 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_randomiser(
+    mechanism: str, epsilon0: float, domain: int, delta: float, expected_n: int
+) -> LocalRandomiser:
+    """The named randomiser; shuffle-only protocols get the delta and expected n they calibrate to."""
+    import inspect
+
+    from deniable.core import mechanisms
+
+    accepted = inspect.signature(mechanisms.mechanism_class(mechanism)).parameters
+    params: dict[str, float] = {}
+    if "delta" in accepted:
+        params["delta"] = delta
+    if "expected_n" in accepted:
+        params["expected_n"] = float(expected_n)
+    return mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain, **params)
+
+
 def amplification(mechanism: str, epsilon0: float, n: int, delta: float, domain: int) -> dict[str, Any]:
     """The mechanism's central guarantee and every valid analysis's own bound, JSON-ready."""
-    from deniable.core import mechanisms
     from deniable.core.accounting import analyses_for
 
-    randomiser = mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain)
+    randomiser = build_randomiser(mechanism, epsilon0, domain, delta, n)
     best = randomiser.central_guarantee(n, delta)
     rows: list[dict[str, Any]] = []
     if randomiser.local_privacy:
@@ -262,17 +279,7 @@ def profile_table(
     points: int,
 ) -> dict[str, Any]:
     """delta(eps) on a grid (or at the given eps), with the guarantee at ``delta``, JSON-ready."""
-    import inspect
-
-    from deniable.core import mechanisms
-
-    accepted = inspect.signature(mechanisms.mechanism_class(mechanism)).parameters
-    params: dict[str, float] = {}
-    if "delta" in accepted:
-        params["delta"] = delta
-    if "expected_n" in accepted:
-        params["expected_n"] = float(expected_n)
-    randomiser = mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain, **params)
+    randomiser = build_randomiser(mechanism, epsilon0, domain, delta, expected_n)
     guarantee = randomiser.central_guarantee(n, delta)
     if epsilons is None:  # up to twice the stated eps, where delta(eps) changes most
         top = epsilon0 if randomiser.local_privacy else 2 * epsilon0

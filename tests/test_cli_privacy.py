@@ -279,3 +279,21 @@ def test_profile_json_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_pat
         == 2
     )
     assert "must be a finite number" in capsys.readouterr().err
+
+
+def test_amplify_builds_shuffle_only_protocols_for_n(capsys: pytest.CaptureFixture[str]) -> None:
+    """A shuffle-only protocol is calibrated to the given n and delta (it needs expected_n)."""
+    data = _json_out(
+        capsys,
+        "privacy",
+        "amplify",
+        "--mechanism",
+        "multi_message_sum",
+        "--epsilon0",
+        "1",
+        "--n",
+        "5000",
+        "--json",
+    )
+    assert data["local_privacy"] is False and data["amplified"] is True
+    assert 0.99 < float(data["epsilon"]) <= 1.0 and "Polya" in str(data["analysis"])
