@@ -91,12 +91,15 @@ class HadamardResponse(LocalRandomiser):
 
         A bijection [0, K/2) -> half: insert a bit at the lowest set bit m of w = v + 1, chosen so
         that parity(i & w) is even (C_v) or odd; both candidates are formed, one selected
-        arithmetically.
+        arithmetically. Every intermediate is non-negative: ``w & -w`` and ``~low`` would make
+        negative ints outside CPython's small-int cache for some values and not others, a few
+        nanoseconds that the timing test saw as a value-dependent delay.
         """
         w = value + 1
-        m_bit = w & -w
+        m_bit = w ^ (w & (w - 1))  # lowest set bit of w
         low = m_bit - 1
-        base = ((position & ~low) << 1) | (position & low)
+        kept = position & low
+        base = ((position - kept) << 1) | kept
         candidate_in = base | (((base & w).bit_count() & 1) * m_bit)
         candidate_out = candidate_in ^ m_bit
         return inside * candidate_in + (1 - inside) * candidate_out

@@ -1,4 +1,4 @@
-"""Plumbing shared by the randomiser tests: exact e**x, payload bits, simulated rounds, timing.
+"""Plumbing shared by the randomiser tests: exact e**x, payload bits, simulated rounds.
 
 Statistics an external auditor would also use (goodness of fit, audit sizing, estimator checks)
 are public in ``deniable.core.audit``; what is here only serves the tests, and reaches them as
@@ -7,8 +7,6 @@ the ``kit`` fixture (importlib import mode cannot import conftest).
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
@@ -16,7 +14,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from deniable.core.audit import (
     AuditResult,
@@ -127,55 +124,6 @@ def assert_refuted(
     return result
 
 
-def block_medians(
-    randomise: Callable[[int], object], values: Sequence[int], blocks: int, per_block: int
-) -> dict[int, list[int]]:
-    """Median running time (ns) of ``per_block`` calls, per block and value; values interleaved
-    (order alternating per block) so machine-wide drift hits every value alike."""
-    out: dict[int, list[int]] = {v: [] for v in values}
-    for _ in range(20):
-        for v in values:
-            randomise(v)  # warm-up
-    for b in range(blocks):
-        for v in values if b % 2 else values[::-1]:
-            times = []
-            for _ in range(per_block):
-                start = time.perf_counter_ns()
-                randomise(v)
-                times.append(time.perf_counter_ns() - start)
-            out[v].append(int(statistics.median(times)))
-    return out
-
-
-BLOCK_KS_BOUND = 0.3  # two-sample KS distance between block medians of input 0 and input d - 1
-
-
-def block_ks_distance(randomise: Callable[[int], object], d: int) -> float:
-    """KS distance between 200 block medians (15 calls each) for inputs 0 and d - 1. Were the block
-    medians exchangeable across inputs, P(D > 0.3) <= 2 exp(-2 * 0.3^2 * 100) = 3e-8 (two-sample
-    DKW bound, n m / (n + m) = 100); interleaving keeps load drift common to both inputs."""
-    medians = block_medians(randomise, [0, d - 1], blocks=200, per_block=15)
-    return float(stats.ks_2samp(medians[0], medians[d - 1]).statistic)
-
-
-CALL_KS_BOUND = 0.2  # a threshold classifier on one call's time is right at most (1 + KS) / 2 = 60%
-
-
-def call_ks_distance(randomise: Callable[[int], bytes], a: int, b: int, samples: int) -> float:
-    """KS distance between per-call times of randomise(a) and randomise(b), calls interleaved so
-    load changes hit both samples alike."""
-    times: tuple[list[int], list[int]] = ([], [])
-    clock = time.perf_counter_ns
-    for _ in range(50):
-        randomise(a), randomise(b)  # warm-up
-    for i in range(2 * samples):
-        which = (i ^ (i >> 1)) & 1  # a b b a a b b a ...: neither value always goes first
-        start = clock()
-        randomise((a, b)[which])
-        times[which].append(clock() - start)
-    return float(stats.ks_2samp(times[0], times[1]).statistic)
-
-
 def decoded_sums(mech: LocalRandomiser, values: Sequence[int], rounds: int) -> tuple[np.ndarray, list[bool]]:
     """Per round: every device through randomise, split, tally and the decoder; the "ones"
     estimate and whether its CI covers the true number of ones (multi-message sums)."""
@@ -208,10 +156,6 @@ class Kit:
         assert_estimator
     )
     assert_refuted: Callable[..., AuditResult] = assert_refuted
-    block_ks_bound: float = BLOCK_KS_BOUND
-    block_ks_distance: Callable[[Callable[[int], object], int], float] = block_ks_distance
-    call_ks_bound: float = CALL_KS_BOUND
-    call_ks_distance: Callable[[Callable[[int], bytes], int, int, int], float] = call_ks_distance
     decoded_sums: Callable[[LocalRandomiser, Sequence[int], int], tuple[np.ndarray, list[bool]]] = (
         decoded_sums
     )
