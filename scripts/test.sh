@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh clone: make/use .venv, install the project and its dev
-# tools, run the static checks (ruff, mypy --strict, proto drift), then pytest.
+# The whole test suite, from a fresh clone: install the Debian packages the tests need
+# (scripts/system-deps.sh: mosquitto, postgresql), make/use .venv, install the project and its
+# dev tools, run the static checks (ruff, mypy --strict, proto drift), then pytest.
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/system-deps.sh
 if [ -z "${VIRTUAL_ENV:-}" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
   # shellcheck disable=SC1091

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Debian packages the test suite needs beyond Python: mosquitto (the MQTT broker the MQTT
+# transport tests start) and postgresql (the server binaries the PostgreSQL store tests run
+# with initdb/pg_ctl in a temporary directory). Installs only what is missing; needs root or sudo.
+set -euo pipefail
+need=()
+[ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+[ ${#need[@]} -eq 0 ] && exit 0
+echo "installing Debian packages: ${need[*]}" >&2
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "need root or sudo to install: ${need[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+install() { "${sudo[@]}" apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null; }
+install || { "${sudo[@]}" apt-get update -q >/dev/null && install; }
