@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -13,6 +18,7 @@ from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
+from deniable.aggregator.store_postgres import PostgresAggregatorStore
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import randomiser_for
 from deniable.core.crypto import PublicKey, seal_report
@@ -23,23 +29,76 @@ from deniable.v1 import deniable_pb2 as pb
 # ---------------------------------------------------------------- store implementations
 #
 # Every implementation of AggregatorStore appears here once; the contract suite runs on all.
-# A factory returns an opener: each call opens the *same* backing storage again (for
-# durability tests). The PostgreSQL store adds one entry (skipped when postgres is missing).
+# A factory is an async context manager giving an opener: each call opens the *same* backing
+# storage again (for durability tests and for several stores/replicas on one database). The
+# PostgreSQL factory needs a real server: if its binaries are missing the tests fail (never skip).
 
 StoreOpener = Callable[[], Awaitable[AggregatorStore]]
+StoreFactory = Callable[[pytest.FixtureRequest, Path], AbstractAsyncContextManager[StoreOpener]]
 
 
-async def _sqlite_opener(tmp_path: Path) -> StoreOpener:
+def _load_postgres_server() -> ModuleType:
+    """tests/postgres_server.py, loaded by path (importlib mode: ``tests`` is not importable)."""
+    name = "deniable_tests_postgres_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "postgres_server.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+postgres_server_module = _load_postgres_server()
+PostgresServer = postgres_server_module.PostgresServer
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One PostgreSQL server for the session (started on first use); fails if it cannot start."""
+    try:
+        server = PostgresServer.start()
+    except postgres_server_module.PostgresUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def postgres_dsn(postgres_server: Any) -> AsyncIterator[str]:
+    """DSN of a fresh, empty database on the session's server (dropped afterwards)."""
+    name = await postgres_server.create_database()
+    yield postgres_server.dsn(name)
+    await postgres_server.drop_database(name)
+
+
+@asynccontextmanager
+async def _sqlite_opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreOpener]:
     path = tmp_path / "aggregator.sqlite3"
 
     async def open_store() -> AggregatorStore:
         return SqliteAggregatorStore(path)
 
-    return open_store
+    yield open_store
 
 
-STORE_FACTORIES: list[tuple[str, Callable[[Path], Awaitable[StoreOpener]]]] = [
+@asynccontextmanager
+async def _postgres_opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreOpener]:
+    server = request.getfixturevalue("postgres_server")
+    name = await server.create_database()
+
+    async def open_store() -> AggregatorStore:
+        return await PostgresAggregatorStore.connect(server.dsn(name), pool_size=4)
+
+    try:
+        yield open_store
+    finally:
+        await server.drop_database(name)
+
+
+STORE_FACTORIES: list[tuple[str, StoreFactory]] = [
     ("sqlite", _sqlite_opener),
+    ("postgres", _postgres_opener),
 ]
 
 
@@ -47,17 +106,19 @@ STORE_FACTORIES: list[tuple[str, Callable[[Path], Awaitable[StoreOpener]]]] = [
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreOpener]:
     """Opener for a fresh, empty store of each implementation; closes whatever it opened."""
     factory = dict(STORE_FACTORIES)[request.param]
-    opener = await factory(tmp_path)
-    opened: list[AggregatorStore] = []
+    async with factory(request, tmp_path) as opener:
+        opened: list[AggregatorStore] = []
 
-    async def tracked() -> AggregatorStore:
-        store = await opener()
-        opened.append(store)
-        return store
+        async def tracked() -> AggregatorStore:
+            store = await opener()
+            opened.append(store)
+            return store
 
-    yield tracked
-    for store in opened:
-        await store.close()
+        try:
+            yield tracked
+        finally:
+            for store in opened:
+                await store.close()
 
 
 @pytest.fixture

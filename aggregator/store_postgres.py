@@ -1,0 +1,361 @@
+"""The production aggregator store: PostgreSQL through an asyncpg connection pool.
+
+Same semantics as ``SqliteAggregatorStore`` (tests/aggregator's contract suite runs on both).
+
+Concurrency: several stores (aggregator replicas) may ingest into one database at once. Every
+ingestion is one READ COMMITTED transaction (set explicitly, whatever the server's default) that
+first locks its campaign's row with ``SELECT ... FOR NO KEY UPDATE``. Ingestions into the same
+campaign therefore run one after the other; because READ COMMITTED gives each later statement a
+fresh snapshot, the transaction that gets the lock second sees everything the first committed
+(its batch id, its report ids), so a batch is counted once and a report id once, and the count
+cells, n and smallest batch are read-modify-written by one transaction at a time: nothing is
+double counted or lost. Different campaigns ingest in parallel. A transaction locks exactly one
+campaign row, and the only rows two campaigns share are batch ids (globally unique): a second
+use of a batch id waits for the first transaction and then fails its insert, which becomes
+``BatchConflict``; with one campaign lock per transaction no lock cycle (deadlock) can form.
+A snapshot is one SQL statement, hence one consistent snapshot of the campaign.
+
+Schema: created on open (``CREATE TABLE IF NOT EXISTS``) under a transaction-scoped advisory lock,
+so replicas starting together do not race; ``schema_version`` holds one row, and a database
+with a newer version than this code knows is refused (ConfigurationError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from typing import Final
+from urllib.parse import urlsplit
+
+import asyncpg
+import numpy as np
+import numpy.typing as npt
+
+from deniable.aggregator.store import (
+    DUPLICATE_REPORT,
+    BatchConflict,
+    BatchRecord,
+    CampaignCounts,
+    CampaignExists,
+    CountCells,
+    DeviceCount,
+    IngestOutcome,
+    StoreError,
+    UnknownCampaign,
+)
+from deniable.core.errors import ConfigurationError
+from deniable.v1 import deniable_pb2 as pb
+
+SCHEMA_VERSION: Final = 1
+"""Version of the PostgreSQL schema below (independent of the SQLite one)."""
+DSN_SCHEMES: Final = ("postgresql", "postgres")
+DEFAULT_POOL_SIZE: Final = 8
+CONNECT_TIMEOUT_S: Final = 10.0
+SCHEMA_LOCK: Final = 0x64656E6961626C65  # pg_advisory_xact_lock key: b"deniable" as an integer
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    only_row BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (only_row),
+    version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS campaigns (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    body BYTEA NOT NULL,
+    n BIGINT NOT NULL DEFAULT 0,
+    smallest_batch BIGINT NOT NULL DEFAULT 0,
+    batches BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS counts (
+    campaign BIGINT NOT NULL REFERENCES campaigns(seq),
+    cell INTEGER NOT NULL,
+    count BIGINT NOT NULL,
+    PRIMARY KEY (campaign, cell)
+);
+CREATE TABLE IF NOT EXISTS rejections (
+    campaign BIGINT NOT NULL REFERENCES campaigns(seq),
+    reason INTEGER NOT NULL,
+    count BIGINT NOT NULL,
+    PRIMARY KEY (campaign, reason)
+);
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id TEXT PRIMARY KEY,
+    campaign BIGINT NOT NULL REFERENCES campaigns(seq),
+    digest BYTEA NOT NULL,
+    size BIGINT NOT NULL,
+    counted BIGINT NOT NULL,
+    rejected JSONB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS seen_reports (
+    campaign BIGINT NOT NULL,
+    report_id BYTEA NOT NULL,
+    PRIMARY KEY (campaign, report_id)
+);
+"""
+"""No foreign key on seen_reports (as in SQLite): one check per report id would cost more than it guards."""
+
+_INSERT_REPORT_IDS: Final = """
+WITH inserted AS (
+    INSERT INTO seen_reports (campaign, report_id)
+    SELECT $1, r FROM unnest($2::bytea[]) AS u(r)
+    ON CONFLICT DO NOTHING
+    RETURNING report_id
+)
+SELECT u.r FROM unnest($2::bytea[]) AS u(r)
+WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.report_id = u.r)
+"""
+"""Insert a batch's (distinct, sorted) report ids in one statement; returns those seen before."""
+
+_ADD_COUNTS: Final = """
+INSERT INTO counts (campaign, cell, count)
+SELECT $1, c, k FROM unnest($2::integer[], $3::bigint[]) AS t(c, k)
+ON CONFLICT (campaign, cell) DO UPDATE SET count = counts.count + excluded.count
+"""
+
+_ADD_REJECTIONS: Final = """
+INSERT INTO rejections (campaign, reason, count)
+SELECT $1, r, k FROM unnest($2::integer[], $3::bigint[]) AS t(r, k)
+ON CONFLICT (campaign, reason) DO UPDATE SET count = rejections.count + excluded.count
+"""
+
+_ADD_BATCH_TO_CAMPAIGN: Final = """
+UPDATE campaigns SET n = n + $2, batches = batches + 1,
+    smallest_batch = CASE WHEN $3::bigint = 0 THEN smallest_batch
+        WHEN smallest_batch = 0 OR $3::bigint < smallest_batch THEN $3::bigint
+        ELSE smallest_batch END
+WHERE seq = $1
+"""
+
+_SNAPSHOT: Final = """
+SELECT c.n, c.smallest_batch, c.batches,
+    ARRAY(SELECT cell FROM counts WHERE campaign = c.seq ORDER BY cell) AS cells,
+    ARRAY(SELECT count FROM counts WHERE campaign = c.seq ORDER BY cell) AS cell_counts,
+    ARRAY(SELECT reason FROM rejections WHERE campaign = c.seq ORDER BY reason) AS reasons,
+    ARRAY(SELECT count FROM rejections WHERE campaign = c.seq ORDER BY reason) AS reason_counts
+FROM campaigns c WHERE c.id = $1
+"""
+"""One statement, so one snapshot: counts, n and rejections always belong together."""
+
+
+def describe_dsn(dsn: str) -> str:
+    """The DSN without password or query string, safe to log and to show in errors."""
+    try:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc.rpartition("@")
+        user = netloc[0].partition(":")[0]
+        where = f"{user}@{netloc[2]}" if user else netloc[2]
+        return f"{parts.scheme}://{where}{parts.path}"
+    except ValueError:
+        return "(unparseable DSN)"
+
+
+def is_postgres_dsn(spec: str) -> bool:
+    """Whether ``spec`` names a PostgreSQL database (``postgresql://`` or ``postgres://``)."""
+    return spec.split("://", 1)[0].lower() in DSN_SCHEMES and "://" in spec
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line (PostgreSQL messages may carry a detail on further lines)."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _tally(
+    count_cells: CountCells, payloads: list[bytes], cells: int, devices: DeviceCount | None
+) -> tuple[npt.NDArray[np.int64], int | None]:
+    """Count cells of the new payloads (and their devices), checked; run off the event loop."""
+    tally = np.asarray(count_cells(payloads), dtype=np.int64)
+    if tally.shape != (cells,) or bool(np.any(tally < 0)):
+        raise ValueError(f"count_cells returned shape {tally.shape}, expected ({cells},)")
+    return tally, None if devices is None else devices([int(c) for c in tally], len(payloads))
+
+
+class PostgresAggregatorStore:
+    """Campaigns, counts and seen ids in PostgreSQL; safe for several replicas on one database."""
+
+    def __init__(self, pool: asyncpg.Pool[asyncpg.Record], label: str) -> None:
+        """Wrap an open pool whose database has the schema (use ``connect``)."""
+        self._pool = pool
+        self.label = label
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, *, pool_size: int = DEFAULT_POOL_SIZE, timeout: float = CONNECT_TIMEOUT_S
+    ) -> PostgresAggregatorStore:
+        """Open a pool and create or check the schema; ConfigurationError (one line) if unusable."""
+        label = describe_dsn(dsn)
+        if not is_postgres_dsn(dsn):
+            raise ConfigurationError(f"not a PostgreSQL DSN: {label} (expected postgresql://...)")
+        try:
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size, timeout=timeout)
+        except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise ConfigurationError(f"cannot connect to PostgreSQL at {label}: {_one_line(exc)}") from exc
+        try:
+            async with pool.acquire() as connection:
+                await _prepare_schema(connection, label)
+        except ConfigurationError:
+            await pool.close()
+            raise
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await pool.close()
+            raise ConfigurationError(f"cannot prepare PostgreSQL database {label}: {_one_line(exc)}") from exc
+        return cls(pool, label)
+
+    def _open_pool(self) -> asyncpg.Pool[asyncpg.Record]:
+        """The pool, or StoreError once the store is closed."""
+        if self._closed:
+            raise StoreError("the store is closed")
+        return self._pool
+
+    async def create_campaign(self, campaign: pb.Campaign) -> None:
+        """Store a new campaign; CampaignExists if its id is taken."""
+        body = campaign.SerializeToString(deterministic=True)
+        try:
+            await self._open_pool().execute(
+                "INSERT INTO campaigns (id, body) VALUES ($1, $2)", campaign.id, body
+            )
+        except asyncpg.UniqueViolationError as exc:
+            raise CampaignExists(campaign.id) from exc
+
+    async def get_campaign(self, campaign_id: str) -> pb.Campaign | None:
+        """The campaign, or None."""
+        body = await self._open_pool().fetchval("SELECT body FROM campaigns WHERE id = $1", campaign_id)
+        return None if body is None else pb.Campaign.FromString(bytes(body))
+
+    async def list_campaigns(self) -> list[pb.Campaign]:
+        """Every campaign, oldest first."""
+        rows = await self._open_pool().fetch("SELECT body FROM campaigns ORDER BY seq")
+        return [pb.Campaign.FromString(bytes(row[0])) for row in rows]
+
+    async def find_batch(self, batch_id: str) -> BatchRecord | None:
+        """The record of an already ingested batch, or None."""
+        row = await self._open_pool().fetchrow(
+            "SELECT c.id, b.digest, b.counted FROM batches b JOIN campaigns c ON c.seq = b.campaign"
+            " WHERE b.batch_id = $1",
+            batch_id,
+        )
+        return None if row is None else BatchRecord(batch_id, str(row[0]), bytes(row[1]), int(row[2]))
+
+    async def ingest(
+        self,
+        *,
+        batch_id: str,
+        campaign_id: str,
+        digest: bytes,
+        batch_size: int,
+        valid_reports: Sequence[tuple[bytes, bytes]],
+        rejected: Mapping[int, int],
+        count_cells: CountCells,
+        cells: int,
+        devices: DeviceCount | None = None,
+    ) -> IngestOutcome:
+        """Count one batch atomically and idempotently (see ``AggregatorStore.ingest``)."""
+        pool = self._open_pool()
+        # Within-batch repeats: keep the first occurrence.
+        unique: dict[bytes, bytes] = {}
+        for report_id, payload in valid_reports:
+            unique.setdefault(report_id, payload)
+        duplicates = len(valid_reports) - len(unique)
+        ids = sorted(unique)  # index order: inserts walk the B-tree once
+
+        async with pool.acquire() as db, db.transaction(isolation="read_committed"):
+            seq = await db.fetchval("SELECT seq FROM campaigns WHERE id = $1 FOR NO KEY UPDATE", campaign_id)
+            if seq is None:
+                raise UnknownCampaign(campaign_id)
+            seen = await db.fetchrow("SELECT campaign, digest FROM batches WHERE batch_id = $1", batch_id)
+            if seen is not None:
+                if int(seen[0]) != seq or bytes(seen[1]) != digest:
+                    raise BatchConflict(f"batch id {batch_id!r} was already used for a different batch")
+                return IngestOutcome(duplicate_batch=True)
+
+            if ids:
+                known = await db.fetch(_INSERT_REPORT_IDS, seq, ids)
+                for row in known:
+                    del unique[bytes(row[0])]
+                duplicates += len(known)
+
+            payloads = list(unique.values())
+            counted = len(payloads)
+            effective = min(batch_size, counted)
+            if counted:
+                tally, device_count = await asyncio.to_thread(_tally, count_cells, payloads, cells, devices)
+                nonzero = np.flatnonzero(tally)
+                await db.execute(
+                    _ADD_COUNTS, seq, [int(c) for c in nonzero], [int(tally[c]) for c in nonzero]
+                )
+                # Multi-message mechanisms: the shuffle hides devices, counted by ``devices``.
+                if device_count is not None:
+                    effective = min(effective, device_count)
+
+            all_rejected = {int(reason): int(count) for reason, count in rejected.items() if count}
+            if duplicates:
+                all_rejected[DUPLICATE_REPORT] = all_rejected.get(DUPLICATE_REPORT, 0) + duplicates
+            if all_rejected:
+                reasons = sorted(all_rejected)
+                await db.execute(_ADD_REJECTIONS, seq, reasons, [all_rejected[r] for r in reasons])
+
+            # A report is hidden only among the reports counted with it (see the SQLite store).
+            await db.execute(_ADD_BATCH_TO_CAMPAIGN, seq, counted, effective)
+            try:
+                await db.execute(
+                    "INSERT INTO batches (batch_id, campaign, digest, size, counted, rejected)"
+                    " VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
+                    batch_id,
+                    seq,
+                    digest,
+                    batch_size,
+                    counted,
+                    json.dumps(all_rejected, sort_keys=True),
+                )
+            except asyncpg.UniqueViolationError as exc:
+                # Committed meanwhile by an ingestion into another campaign (ours is locked).
+                raise BatchConflict(f"batch id {batch_id!r} was already used for a different batch") from exc
+            return IngestOutcome(duplicate_batch=False, counted=counted, rejected=all_rejected)
+
+    async def snapshot(self, campaign_id: str, cells: int) -> CampaignCounts:
+        """Counts (``cells`` long), n, smallest batch, rejections and batches of one campaign."""
+        row = await self._open_pool().fetchrow(_SNAPSHOT, campaign_id)
+        if row is None:
+            raise UnknownCampaign(campaign_id)
+        counts = [0] * cells
+        for cell, count in zip(row["cells"], row["cell_counts"], strict=True):
+            if not 0 <= cell < cells:
+                raise ValueError(f"campaign {campaign_id} has count cell {cell} outside 0..{cells - 1}")
+            counts[cell] = int(count)
+        return CampaignCounts(
+            counts=counts,
+            n=int(row["n"]),
+            smallest_batch=int(row["smallest_batch"]),
+            rejected={int(r): int(k) for r, k in zip(row["reasons"], row["reason_counts"], strict=True)},
+            batches=int(row["batches"]),
+        )
+
+    async def close(self) -> None:
+        """Wait for running work, then close the pool (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._pool.close()
+
+
+async def _prepare_schema(db: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], label: str) -> None:
+    """Create the tables if missing and record the version; refuse a newer schema."""
+    async with db.transaction():
+        await db.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+        version: int | None = None
+        if await db.fetchval("SELECT to_regclass('schema_version') IS NOT NULL"):
+            version = await db.fetchval("SELECT version FROM schema_version")
+        if version is not None and version > SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"database {label} has schema version {version}; this aggregator knows {SCHEMA_VERSION}"
+            )
+        if version == SCHEMA_VERSION:
+            return  # nothing to create: a role without CREATE rights can run an up-to-date database
+        await db.execute(_SCHEMA)
+        await db.execute(
+            "INSERT INTO schema_version (version) VALUES ($1)"
+            " ON CONFLICT (only_row) DO UPDATE SET version = excluded.version",
+            SCHEMA_VERSION,
+        )
