@@ -1,4 +1,8 @@
-"""Errors the shuffler's handlers raise; the servicer maps each to one gRPC status."""
+"""Errors the shuffler's handlers raise; ``status_code`` maps each to one gRPC status."""
+
+from __future__ import annotations
+
+import grpc
 
 
 class ShufflerError(Exception):
@@ -15,3 +19,14 @@ class NotFound(ShufflerError):
 
 class Unavailable(ShufflerError):
     """The upstream aggregator is needed and unreachable: UNAVAILABLE, the caller retries."""
+
+
+def status_code(error: ShufflerError) -> grpc.StatusCode:
+    """The gRPC status a handler error ends a call with (the gRPC and the MQTT face alike)."""
+    if isinstance(error, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, NotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(error, Unavailable):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.INTERNAL

@@ -1,4 +1,5 @@
-"""Starting and stopping a shuffler: spool, campaign directory, batcher, forwarder, gRPC server."""
+"""Starting and stopping a shuffler: spool, campaign directory, batcher, forwarder, gRPC server,
+and the MQTT ingress when a broker is configured."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.mqtt import MqttIngress, MqttIngressConfig
 from deniable.shuffler.rawsubmit import RawSubmitInterceptor
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
@@ -60,6 +62,8 @@ class ShufflerConfig:
     """Batches in flight to the aggregator at once (pipelining its parsing and decryption)."""
     spool: str = "segments"
     """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
+    mqtt: MqttIngressConfig | None = None
+    """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
 
 
 @dataclass
@@ -77,6 +81,7 @@ class RunningShuffler:
     _directory: CampaignDirectory = field(repr=False)
     _channel: grpc.aio.Channel = field(repr=False)
     _store: SqliteSpool | SegmentSpool = field(repr=False)
+    mqtt: MqttIngress | None = None
     _stopped: bool = field(default=False, repr=False)
 
     async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
@@ -89,6 +94,8 @@ class RunningShuffler:
             return
         self._stopped = True
         self._health.enter_graceful_shutdown()
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         await self._server.stop(grace)
         await self._pipeline.stop()
         await self._directory.close()
@@ -164,6 +171,10 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         await asyncio.to_thread(store.close)
         raise
     pipeline.start()
+    ingress = None
+    if config.mqtt is not None:
+        ingress = MqttIngress(handlers, metrics, config.mqtt)
+        ingress.start()  # connects (and reconnects) in the background; a broker down is not fatal
     address = _connect_address(config.listen, port)
     log.info("shuffler listening", extra={"address": address, "upstream": config.upstream})
     return RunningShuffler(
@@ -178,6 +189,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         _directory=directory,
         _channel=channel,
         _store=store,
+        mqtt=ingress,
     )
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
-from deniable.shuffler.errors import InvalidRequest, NotFound, ShufflerError, Unavailable
+from deniable.shuffler.errors import ShufflerError, status_code
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.rawsubmit import RawSubmit
@@ -25,12 +25,6 @@ log = logging.getLogger("deniable.shuffler.servicer")
 
 _T = TypeVar("_T")
 Context = grpc.aio.ServicerContext[Any, Any]
-
-_CODES: Final[dict[type[ShufflerError], grpc.StatusCode]] = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    Unavailable: grpc.StatusCode.UNAVAILABLE,
-}
 
 
 class ShufflerServicer(deniable_pb2_grpc.ShufflerServicer):
@@ -71,7 +65,7 @@ class ShufflerServicer(deniable_pb2_grpc.ShufflerServicer):
         try:
             return await work
         except ShufflerError as exc:
-            code = next((c for kind, c in _CODES.items() if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+            code = status_code(exc)
             message = str(exc)
         except Exception:
             log.exception("unexpected failure", extra={"rpc": rpc})

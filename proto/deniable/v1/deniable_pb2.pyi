@@ -364,6 +364,37 @@ class SubmitReportsResponse(_message.Message):
 Global___SubmitReportsResponse: _TypeAlias = SubmitReportsResponse  # noqa: Y015
 
 @_typing.final
+class SubmitAck(_message.Message):
+    """MQTT: the shuffler's answer to a SubmitReportsRequest published on <prefix>/submit/<request id>,
+    sent to <prefix>/ack/<request id> (docs/mqtt.md). status_code is a grpc.StatusCode value: 0 (OK)
+    with the response, or the status a gRPC call would have ended with and nothing spooled.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    STATUS_CODE_FIELD_NUMBER: _builtins.int
+    STATUS_MESSAGE_FIELD_NUMBER: _builtins.int
+    status_code: _builtins.int
+    status_message: _builtins.str
+    @_builtins.property
+    def response(self) -> Global___SubmitReportsResponse: ...
+    def __init__(
+        self,
+        *,
+        response: Global___SubmitReportsResponse | None = ...,
+        status_code: _builtins.int = ...,
+        status_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "status_code", b"status_code", "status_message", b"status_message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitAck: _TypeAlias = SubmitAck  # noqa: Y015
+
+@_typing.final
 class GetCampaignRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
