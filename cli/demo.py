@@ -21,9 +21,13 @@ import numpy as np
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.cli.render import answer_json, answer_table, plot_answers, privacy_line
-from deniable.client import GrpcTransport, Outbox, Reporter
+from deniable.client import GrpcTransport, Outbox, Reporter, Transport
+from deniable.client.mqtt import MqttTransport
+from deniable.core import mqtt
+from deniable.core.mqtt import BrokerAddress
 from deniable.core.service import insecure_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
+from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
@@ -158,23 +162,37 @@ async def run_pipeline(
     progress: bool = True,
     target_epsilon: float | None = None,
     delta: float = 1e-6,
+    mqtt_broker: BrokerAddress | None = None,
+    mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
 ) -> list[DemoCampaign]:
-    """Run the demo in ``workdir`` and return each campaign with its answer."""
+    """Run the demo in ``workdir`` and return each campaign with its answer.
+
+    With ``mqtt_broker`` the shuffler also serves that broker and the devices reach it there
+    (campaigns from its retained topics, reports and answers as MQTT messages), not over gRPC.
+    """
     n_min = max(1, min(1000, devices))
     campaigns = demo_campaigns(devices, epsilon0, mechanism, n_min, target_epsilon, delta)
     aggregator = await start_aggregator(
         AggregatorConfig(data_dir=workdir / "aggregator", listen="127.0.0.1:0")
     )
     try:
+        ingress = None if mqtt_broker is None else MqttIngressConfig(broker=mqtt_broker, prefix=mqtt_prefix)
         shuffler = await start_shuffler(
-            ShufflerConfig(data_dir=workdir / "shuffler", upstream=aggregator.address, listen="127.0.0.1:0")
+            ShufflerConfig(
+                data_dir=workdir / "shuffler", upstream=aggregator.address, listen="127.0.0.1:0", mqtt=ingress
+            )
         )
         try:
             channel = insecure_channel(aggregator.address)
             operator = pb_grpc.AggregatorStub(channel)
             for campaign in campaigns:  # planning takes a few seconds
                 campaign.created = await operator.CreateCampaign(campaign.request, timeout=300)
-            transport = GrpcTransport(shuffler.address)
+            transport: Transport = GrpcTransport(shuffler.address)
+            if mqtt_broker is not None:
+                assert shuffler.mqtt is not None
+                await asyncio.wait_for(shuffler.mqtt.connected.wait(), 30)
+                await shuffler.mqtt.announce_now()  # do not wait for the periodic announcement
+                transport = MqttTransport(mqtt_broker, prefix=mqtt_prefix)
             outbox = Outbox(workdir / "devices" / "outbox.db")
             try:
                 for campaign in campaigns:

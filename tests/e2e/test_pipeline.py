@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from deniable.cli.demo import run_pipeline
+from deniable.core.mqtt import BrokerAddress
 from deniable.v1 import deniable_pb2 as pb
 
 
@@ -44,3 +45,29 @@ async def test_binary_estimates_sum_to_n(tmp_path: Path) -> None:
     assert binary.answer is not None
     no, yes = binary.answer.buckets
     assert no.estimate + yes.estimate == pytest.approx(1500, abs=1e-6)
+
+
+async def test_devices_on_an_mqtt_broker_are_counted_like_grpc_ones(
+    tmp_path: Path, mqtt_broker: BrokerAddress, mqtt_prefix: str
+) -> None:
+    """2,000 devices reach the shuffler through mosquitto (campaigns from retained topics, reports
+    and answers as messages): every acknowledged report is counted once, CIs as over gRPC.
+
+    Ten buckets each covered w.p. ≈ 0.95: at least 6 inside fails w.p. ≈ 6e-5."""
+    campaigns = await run_pipeline(
+        devices=2000,
+        epsilon0=2.0,
+        workdir=tmp_path,
+        progress=False,
+        mqtt_broker=mqtt_broker,
+        mqtt_prefix=mqtt_prefix,
+    )
+    inside = 0
+    for campaign in campaigns:
+        answer = campaign.answer
+        assert answer is not None
+        assert campaign.acknowledged == answer.n == 2000
+        assert answer.rejected == 0
+        for bucket, true_count in zip(answer.buckets, campaign.true_counts, strict=True):
+            inside += int(bucket.ci_low <= true_count <= bucket.ci_high)
+    assert inside >= 6
