@@ -239,3 +239,58 @@ async def test_closed_store_refuses_work(open_store: StoreOpener) -> None:
     with pytest.raises(Exception):  # noqa: B017 (any error, but never a silent success)
         await store.get_campaign("c1")
     await store.close()  # idempotent
+
+
+# ---------------------------------------------------------------- several stores on one storage
+# Aggregator replicas share one database: each store below is a separate instance (its own
+# connection or pool) on the same backing storage, ingesting at the same time.
+
+
+async def test_same_batch_from_two_stores_counts_once(open_store: StoreOpener) -> None:
+    first, second = await open_store(), await open_store()
+    await first.create_campaign(campaign())
+    rounds = 6
+    for i in range(rounds):
+        valid = reports([i % CELLS] * 200)
+        outs = await asyncio.gather(ingest(first, f"b{i}", valid), ingest(second, f"b{i}", valid))
+        assert sorted(o.duplicate_batch for o in outs) == [False, True], outs
+        assert sum(o.counted for o in outs) == 200
+    for store in (first, second):
+        snap = await store.snapshot("c1", CELLS)
+        assert (snap.n, snap.batches, snap.rejected) == (200 * rounds, rounds, {})
+        assert snap.counts == [400, 400, 400]
+
+
+async def test_overlapping_batches_from_several_stores_lose_nothing(open_store: StoreOpener) -> None:
+    stores = [await open_store() for _ in range(3)]
+    await stores[0].create_campaign(campaign())
+    # 12 batches of 300 ids; each batch repeats the last 60 ids of the one before it. A report's
+    # payload depends only on its id, so whichever batch counts a shared id, the cells agree.
+    ids = [os.urandom(16) for _ in range(12 * 240 + 60)]
+    payload = {rid: bytes([k % CELLS]) for k, rid in enumerate(ids)}
+    batches = [[(rid, payload[rid]) for rid in ids[240 * b : 240 * b + 300]] for b in range(12)]
+    outs = await asyncio.gather(
+        *(ingest(stores[b % len(stores)], f"b{b}", valid) for b, valid in enumerate(batches))
+    )
+    assert sum(o.counted for o in outs) == len(ids)
+    assert sum(o.rejected.get(DUP, 0) for o in outs) == 11 * 60
+    snap = await stores[1].snapshot("c1", CELLS)
+    assert snap.counts == [sum(1 for k in range(len(ids)) if k % CELLS == cell) for cell in range(CELLS)]
+    assert (snap.n, snap.batches, snap.rejected) == (len(ids), 12, {DUP: 11 * 60})
+
+
+async def test_one_batch_id_raced_into_two_campaigns(open_store: StoreOpener) -> None:
+    first, second = await open_store(), await open_store()
+    await first.create_campaign(campaign("c1"))
+    await first.create_campaign(campaign("c2"))
+    outs = await asyncio.gather(
+        ingest(first, "shared", reports([0] * 100), campaign_id="c1"),
+        ingest(second, "shared", reports([1] * 100), campaign_id="c2"),
+        return_exceptions=True,
+    )
+    assert sorted(type(o).__name__ for o in outs) == ["BatchConflict", "IngestOutcome"], outs
+    won = "c1" if isinstance(outs[0], IngestOutcome) else "c2"
+    record = await second.find_batch("shared")
+    assert record is not None and record.campaign_id == won
+    totals = [(await first.snapshot(c, CELLS)).n for c in ("c1", "c2")]
+    assert totals == ([100, 0] if won == "c1" else [0, 100])
