@@ -199,3 +199,40 @@ async def test_a_shuffler_whose_broker_is_down_still_serves_grpc(
     response = await stub.SubmitReports(pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 2)))
     assert response.accepted == 2
     assert shuffler.mqtt is not None and not shuffler.mqtt.connected.is_set()
+
+
+async def test_replicas_with_a_shared_subscription_split_requests_and_answer_each_once(
+    upstream: Any,
+    start: Any,
+    kit: SimpleNamespace,
+    mqtt_broker: BrokerAddress,
+    mqtt_prefix: str,
+    device: Any,
+    tmp_path: Any,
+) -> None:
+    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=1000))
+    config = MqttIngressConfig(broker=mqtt_broker, prefix=mqtt_prefix, shared_subscription=True)
+    replicas: list[RunningShuffler] = [
+        await start(mqtt=config, data_dir=tmp_path / f"replica{i}") for i in (0, 1)
+    ]
+    for replica in replicas:
+        assert replica.mqtt is not None
+        await asyncio.wait_for(replica.mqtt.connected.wait(), 10)
+    request_ids = [mqtt.new_request_id() for _ in range(20)]
+    answers: dict[str, int] = {}
+    for request_id in request_ids:
+        await device.subscribe(mqtt.ack_topic(mqtt_prefix, request_id), qos=1)
+    for request_id in request_ids:
+        body = pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 3)).SerializeToString()
+        await device.publish(mqtt.submit_topic(mqtt_prefix, request_id), body, qos=1)
+    async with asyncio.timeout(10):
+        async for message in device.messages:
+            request_id = message.topic.value.rsplit("/", 1)[1]
+            answers[request_id] = answers.get(request_id, 0) + 1
+            if len(answers) == len(request_ids):
+                break
+    assert answers == {request_id: 1 for request_id in request_ids}
+    spooled = [sum(s.pending for s in (await r.handlers.stats()).campaigns) for r in replicas]
+    assert sum(spooled) == 60
+    handled = [r.mqtt.metrics.messages._value.get() for r in replicas if r.mqtt is not None]
+    assert sum(handled) == 20 and min(handled) > 0  # both replicas took part
