@@ -45,6 +45,8 @@ class AggregatorConfig:
     decrypt_workers: int = 0
     max_message_bytes: int = MAX_MESSAGE_BYTES
     metrics_port: int | None = None
+    store: str | None = None
+    """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
 
 
 @dataclass
@@ -87,6 +89,23 @@ def _prepare_data_dir(data_dir: Path) -> None:
         raise ConfigurationError(f"data directory {data_dir} is not writable: {exc}") from exc
 
 
+async def open_store(spec: str | None, data_dir: Path) -> AggregatorStore:
+    """The store ``spec`` names: None or "" for SQLite in ``data_dir``, a postgresql:// DSN for PostgreSQL.
+
+    ConfigurationError (one line, no password) for anything else, a bad DSN or an unreachable server.
+    """
+    if not spec:
+        return SqliteAggregatorStore(data_dir / DATABASE_FILE)
+    from deniable.aggregator.store_postgres import PostgresAggregatorStore, is_postgres_dsn
+
+    if not is_postgres_dsn(spec):
+        got = f"a {spec.split('://', 1)[0][:20]}:// URL" if "://" in spec else "no URL"
+        raise ConfigurationError(
+            f"the store must be a postgresql:// DSN (omit it for SQLite in the data directory), got {got}"
+        )
+    return await PostgresAggregatorStore.connect(spec)
+
+
 def default_decrypt_workers() -> int:
     """One decryption process per core this process may use: what a service should run.
 
@@ -113,7 +132,7 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     """Start serving; ConfigurationError (one line) for a bad data dir, keys or address."""
     _prepare_data_dir(config.data_dir)
     keyring = Keyring.load_or_create(config.data_dir)
-    store: AggregatorStore = SqliteAggregatorStore(config.data_dir / DATABASE_FILE)
+    store = await open_store(config.store, config.data_dir)
     executor: Executor | None = None
     metrics = AggregatorMetrics()
     try:

@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="decryption processes (default: one per core; 0: no pool, a thread)",
     )
     agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    agg_serve.add_argument(
+        "--store",
+        default=None,
+        metavar="DSN",
+        help="counts and campaigns in this PostgreSQL database (postgresql://user:pw@host:port/db);"
+        " default: SQLite in the data directory",
+    )
 
     shuffler = sub.add_parser("shuffler", help="the shuffler service").add_subparsers(
         dest="action", required=True
@@ -240,6 +247,7 @@ def _run(args: argparse.Namespace) -> int:
                         default_decrypt_workers() if args.decrypt_workers is None else args.decrypt_workers
                     ),
                     metrics_port=args.metrics_port,
+                    store=args.store,
                 )
             )
         )
