@@ -295,6 +295,8 @@ def run_demo(
     progress: bool = True,
     target_epsilon: float | None = None,
     delta: float = 1e-6,
+    mqtt_broker: BrokerAddress | None = None,
+    mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
 ) -> dict[str, Any]:
     """Run the demo, print the tables and the privacy statements, write JSON and plot if asked."""
     if devices < 1:
@@ -305,7 +307,9 @@ def run_demo(
     with tempfile.TemporaryDirectory(prefix="deniable-demo-") as tmp:
         base = workdir or Path(tmp)
         campaigns = asyncio.run(
-            run_pipeline(devices, epsilon0, base, mechanism, progress, target_epsilon, delta)
+            run_pipeline(
+                devices, epsilon0, base, mechanism, progress, target_epsilon, delta, mqtt_broker, mqtt_prefix
+            )
         )
     elapsed = time.perf_counter() - started
     report = demo_report(campaigns)

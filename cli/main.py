@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import json
+import os
 import pkgutil
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
+from deniable.core import mqtt
 from deniable.core.errors import ConfigurationError
+from deniable.core.mqtt import BrokerAddress
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    from deniable.shuffler.mqtt import MqttIngressConfig
 
 DEFAULT_AGGREGATOR = "127.0.0.1:7700"
 DEFAULT_SHUFFLER = "127.0.0.1:7701"
@@ -84,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir", type=Path, default=None, help="keep the services' data here (default: temp)"
     )
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_mqtt_options(demo, "devices reach the shuffler through this MQTT broker instead of gRPC")
 
     aggregator = sub.add_parser("aggregator", help="the aggregator service").add_subparsers(
         dest="action", required=True
@@ -114,6 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
     shuf_serve.add_argument("--data-dir", type=Path, required=True)
     shuf_serve.add_argument("--upstream", default=DEFAULT_AGGREGATOR, help="aggregator address")
     shuf_serve.add_argument("--metrics-port", type=int, default=None)
+    _add_mqtt_options(shuf_serve, "also take reports and announce campaigns on this MQTT broker")
+    shuf_serve.add_argument(
+        "--mqtt-shared",
+        action="store_true",
+        help="MQTT 5 shared subscription: shuffler replicas split the requests",
+    )
+    shuf_serve.add_argument(
+        "--mqtt-username", default=None, help="broker login (password: $DENIABLE_MQTT_PASSWORD)"
+    )
+    shuf_serve.add_argument(
+        "--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file"
+    )
     flush = shuffler.add_parser("flush", help="forward spooled reports now")
     flush.add_argument("--shuffler", default=DEFAULT_SHUFFLER)
     flush.add_argument("--campaign", default="", help="only this campaign (default: all)")
@@ -213,6 +234,34 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
     }
 
 
+def _add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--mqtt HOST:PORT`` and ``--mqtt-prefix`` (docs/mqtt.md)."""
+    parser.add_argument("--mqtt", default=None, metavar="HOST:PORT", help=what)
+    parser.add_argument(
+        "--mqtt-prefix", default=mqtt.DEFAULT_PREFIX, help="MQTT topic prefix (default %(default)s)"
+    )
+
+
+def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
+    """The shuffler's MQTT face from its options; ConfigurationError (one line) when unusable."""
+    if args.mqtt is None:
+        return None
+    from deniable.shuffler.mqtt import MqttIngressConfig
+
+    broker = BrokerAddress.parse(args.mqtt)
+    tls = None
+    if args.mqtt_ca is not None:
+        try:
+            tls = ssl.create_default_context(cafile=str(args.mqtt_ca))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(f"cannot use {args.mqtt_ca} as the MQTT broker's CA: {exc}") from exc
+    password = os.environ.get("DENIABLE_MQTT_PASSWORD")
+    broker = dataclasses.replace(broker, username=args.mqtt_username, password=password, tls=tls)
+    return MqttIngressConfig(
+        broker=broker, prefix=mqtt.check_prefix(args.mqtt_prefix), shared_subscription=args.mqtt_shared
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     from deniable.cli.render import answer_json, answer_table, privacy_line
 
@@ -232,6 +281,8 @@ def _run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             target_epsilon=args.target_epsilon,
             delta=args.delta,
+            mqtt_broker=None if args.mqtt is None else BrokerAddress.parse(args.mqtt),
+            mqtt_prefix=args.mqtt_prefix,
         )
         return 0
     if args.command == "aggregator":
@@ -262,6 +313,7 @@ def _run(args: argparse.Namespace) -> int:
                     upstream=args.upstream,
                     listen=args.listen,
                     metrics_port=args.metrics_port,
+                    mqtt=_mqtt_ingress(args),
                 )
             )
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from deniable.cli.main import main
+from deniable.core.mqtt import BrokerAddress
 
 CLI = [sys.executable, "-m", "deniable.cli"]
 
@@ -176,3 +177,30 @@ def test_privacy_mechanisms_lists_the_registry(capsys: pytest.CaptureFixture[str
 def test_bad_arguments_exit_with_usage() -> None:
     result = _run("demo", "--devices", "0")
     assert result.returncode == 2 and "positive" in result.stderr
+
+
+def test_demo_over_an_mqtt_broker(tmp_path: Path, mqtt_broker: BrokerAddress, mqtt_prefix: str) -> None:
+    out = tmp_path / "out.json"
+    argv = ["demo", "--devices", "600", "--json", str(out), "--no-progress"]
+    assert main([*argv, "--mqtt", str(mqtt_broker), "--mqtt-prefix", mqtt_prefix]) == 0
+    report = json.loads(out.read_text())
+    assert [c["n"] for c in report["campaigns"]] == [600, 600]
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--mqtt", "host:notaport"], "MQTT broker port"),
+        (["--mqtt", "127.0.0.1:1883", "--mqtt-prefix", "a/#"], "topic prefix"),
+        (["--mqtt", "127.0.0.1:1883", "--mqtt-ca", "/nonexistent/ca.pem"], "CA"),
+    ],
+)
+def test_bad_mqtt_options_are_one_line_configuration_errors(
+    tmp_path: Path, options: list[str], words: str
+) -> None:
+    result = _run(
+        "shuffler", "serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0", *options, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "configuration error" in lines[0] and words in lines[0], result.stderr
