@@ -29,35 +29,45 @@ _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class _Session:
-    """One broker connection and the task that routes each incoming message to its waiter."""
+    """One broker connection and the task that routes each incoming message to its waiters."""
 
     def __init__(self, client: aiomqtt.Client) -> None:
         self.client = client
-        self.waiters: dict[str, asyncio.Future[bytes]] = {}
+        self.waiters: dict[str, list[asyncio.Future[bytes]]] = {}
         self.alive = True
         self.reader = asyncio.create_task(self._read(), name="mqtt-transport-reader")
 
     async def _read(self) -> None:
         try:
             async for message in self.client.messages:
-                waiter = self.waiters.get(message.topic.value)
                 payload = message.payload
-                if waiter is not None and not waiter.done() and isinstance(payload, bytes | bytearray):
-                    waiter.set_result(bytes(payload))
+                if not isinstance(payload, bytes | bytearray):
+                    continue
+                for waiter in self.waiters.get(message.topic.value, ()):
+                    if not waiter.done():
+                        waiter.set_result(bytes(payload))
         except aiomqtt.MqttError:
             pass
         finally:
             self.alive = False
-            for waiter in self.waiters.values():
-                if not waiter.done():
-                    waiter.set_exception(TransportError("lost the MQTT broker connection", retryable=True))
+            for waiters in self.waiters.values():
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(
+                            TransportError("lost the MQTT broker connection", retryable=True)
+                        )
 
     async def exchange(
         self, listen: str, publish: tuple[str, bytes] | None, timeout_s: float, what: str
     ) -> bytes:
-        """Subscribe to ``listen``, publish, and return the first message on ``listen``."""
+        """Subscribe to ``listen``, publish, and return the first message on ``listen``.
+
+        Several callers may wait on one topic at once (two look-ups of one campaign): each
+        subscribe makes the broker resend the retained message, and the topic is unsubscribed
+        when the last of them is done.
+        """
         waiter: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self.waiters[listen] = waiter
+        self.waiters.setdefault(listen, []).append(waiter)
         try:
             await self.client.subscribe(listen, qos=1, timeout=timeout_s)
             if publish is not None:
@@ -69,10 +79,13 @@ class _Session:
             self.alive = False
             raise TransportError(f"{what} failed: {exc}", retryable=True) from exc
         finally:
-            del self.waiters[listen]
-            if self.alive:
-                with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-                    await self.client.unsubscribe(listen, timeout=timeout_s)
+            waiting = self.waiters[listen]
+            waiting.remove(waiter)
+            if not waiting:
+                del self.waiters[listen]
+                if self.alive:
+                    with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+                        await self.client.unsubscribe(listen, timeout=timeout_s)
 
     async def close(self) -> None:
         self.alive = False

@@ -244,11 +244,16 @@ class MqttIngress:
         self._service_metrics.requests_failed.labels(rpc="MqttSubmit", code=code.name).inc()
 
     async def _announce_forever(self, client: aiomqtt.Client) -> None:
+        """Announce every interval until the connection ends; a failed round is logged, not fatal."""
         while True:
             try:
                 await self._announce(client)
+            except aiomqtt.MqttError:
+                return  # the session's message loop sees the lost connection and reconnects
             except ShufflerError as exc:
                 log.warning("cannot list campaigns to announce", extra={"error": str(exc)})
+            except Exception:
+                log.exception("unexpected failure announcing campaigns")
             await asyncio.sleep(self.config.announce_interval_s)
 
     async def _announce(self, client: aiomqtt.Client) -> int:

@@ -99,6 +99,16 @@ async def test_reporter_over_mqtt_retries_until_the_shuffler_answers(
         assert plain.campaign_id == campaign.id
 
 
+async def test_concurrent_lookups_of_one_campaign_all_get_it(
+    responder: Responder, transport: MqttTransport, make_campaign: Any
+) -> None:
+    campaign = make_campaign()
+    await responder.announce(campaign)
+    found = await asyncio.gather(*(transport.get_campaign(campaign.id) for _ in range(5)))
+    assert [c.id for c in found] == [campaign.id] * 5
+    assert (await transport.get_campaign(campaign.id)).id == campaign.id  # and again after
+
+
 async def test_status_codes_map_to_retryable_or_permanent(
     responder: Responder, transport: MqttTransport
 ) -> None:
