@@ -140,6 +140,7 @@ class MqttTransport:
                 password=broker.password,
                 tls_context=broker.tls,
                 timeout=self.timeout_s,
+                socket_options=mqtt.SOCKET_OPTIONS,
             )
             try:
                 await client.__aenter__()

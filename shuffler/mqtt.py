@@ -168,6 +168,7 @@ class MqttIngress:
             tls_context=broker.tls,
             protocol=aiomqtt.ProtocolVersion.V5 if self.config.shared_subscription else None,
             max_queued_incoming_messages=4 * self.config.concurrency,
+            socket_options=mqtt.SOCKET_OPTIONS,
         ) as client:
             topic = mqtt.submit_topic(self.config.prefix, "+")
             if self.config.shared_subscription:

@@ -195,3 +195,18 @@ def test_broker_addresses_parse_or_fail_in_one_line() -> None:
     assert mqtt.request_id_of("p", "p/submit/" + "a" * 32) == "a" * 32
     assert mqtt.request_id_of("p", "p/submit/" + "A" * 32) is None
     assert mqtt.request_id_of("p", "q/submit/" + "a" * 32) is None
+
+
+async def test_both_ends_disable_nagle(
+    responder: Responder, transport: MqttTransport, make_campaign: Any
+) -> None:
+    """Without TCP_NODELAY each request waited ≈ 40 ms on delayed ACKs (88 ms vs 3 ms measured)."""
+    import socket
+
+    await responder.announce(make_campaign())
+    await transport.get_campaign("c1")
+    session = transport._session
+    assert session is not None
+    sock = session.client._client.socket()
+    assert isinstance(sock, socket.socket)
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

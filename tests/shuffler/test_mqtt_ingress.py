@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -67,6 +68,9 @@ async def test_reports_over_mqtt_are_spooled_and_acknowledged(
     assert [(s.campaign_id, s.pending) for s in stats.campaigns] == [("c1", 25)]
     assert shuffler.mqtt is not None
     assert shuffler.mqtt.metrics.messages._value.get() == 1
+    client = shuffler.mqtt._client
+    assert client is not None  # TCP_NODELAY: its answers must not wait on delayed ACKs (≈ 40 ms)
+    assert client._client.socket().getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
 async def test_mqtt_reports_are_forwarded_in_a_batch_like_grpc_ones(
