@@ -6,48 +6,34 @@
 Each run is ``deniable.cli.demo.run_pipeline``: real aggregator and shuffler on loopback, the
 SDK's Reporter sending requests of 1,000 sealed reports one after another, over gRPC or through
 the broker (``MqttTransport``; the shuffler's ``MqttIngress``). Timed: ``send_s``, from the first
-request to the last answer, per campaign. Without ``--broker`` a throwaway mosquitto (from
-scripts/system-deps.sh) runs on a free loopback port with TCP_NODELAY. Results: docs/mqtt.md.
+request to the last answer, per campaign. Without ``--broker`` the tests' throwaway mosquitto
+(tests/mqtt_broker.py; from scripts/system-deps.sh) runs on a free loopback port. Results: docs/mqtt.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
-import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from deniable.cli.demo import run_pipeline
 from deniable.core.mqtt import BrokerAddress
 
 
-def start_mosquitto(directory: Path) -> tuple[subprocess.Popen[bytes], BrokerAddress]:
-    """A mosquitto on a free loopback port, listening before this returns."""
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    config = directory / "mosquitto.conf"
-    config.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\npersistence false\n"
-    )
-    config.chmod(0o644)
-    process = subprocess.Popen([binary, "-c", str(config)], stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return process, BrokerAddress("127.0.0.1", port)
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError("mosquitto did not start")
+def load_mqtt_broker() -> ModuleType:
+    """tests/mqtt_broker.py (the tests' broker), loaded by path: ``tests`` is not a package."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "mqtt_broker.py"
+    spec = importlib.util.spec_from_file_location("deniable_tests_mqtt_broker", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
@@ -60,9 +46,11 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="deniable-mqtt-bench-") as tmp:
-        process = None
+        mosquitto = None
         if args.broker is None:
-            process, broker = start_mosquitto(Path(tmp))
+            mosquitto = load_mqtt_broker().Mosquitto(Path(tmp) / "mosquitto")
+            mosquitto.start()
+            broker = mosquitto.address
         else:
             broker = BrokerAddress.parse(args.broker)
         try:
@@ -82,9 +70,8 @@ def main() -> None:
                         f"{transport}: send {', '.join(f'{s:.2f}' for s in send_s)} s; {rate:,.0f} reports/s"
                     )
         finally:
-            if process is not None:
-                process.terminate()
-                process.wait(5)
+            if mosquitto is not None:
+                mosquitto.stop()
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"devices": args.devices, "runs": runs}, indent=2))

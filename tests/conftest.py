@@ -1,97 +1,63 @@
 """Fixtures every test directory may use: a real MQTT broker (Debian's mosquitto) on loopback.
 
 mosquitto is installed by scripts/system-deps.sh; without it these fixtures fail with that hint
-rather than skip. The broker runs without persistence, on a free port, with TCP_NODELAY (without
-it a QoS 1 round trip takes ~47 ms instead of ~0.5 ms: facts.md).
+rather than skip. The broker itself: tests/mqtt_broker.py.
 """
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
+import importlib.util
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
 from deniable.core.mqtt import BrokerAddress
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _load_mqtt_broker() -> ModuleType:
+    """tests/mqtt_broker.py, loaded by path (importlib mode: ``tests`` is not importable)."""
+    name = "deniable_tests_mqtt_broker"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "mqtt_broker.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
-class Mosquitto:
-    """One mosquitto process on 127.0.0.1:``port``; ``stop`` and ``start`` again keep the port."""
+mqtt_broker_module = _load_mqtt_broker()
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
-        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        if not Path(binary).exists():
-            pytest.fail("mosquitto is not installed: run scripts/system-deps.sh", pytrace=False)
-        self.binary = binary
-        self.port = port or _free_port()
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self.config = directory / "mosquitto.conf"
-        self.config.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"
-            "persistence false\nlog_dest stderr\n"
-        )
-        self.config.chmod(0o644)
-        self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def address(self) -> BrokerAddress:
-        """Where clients connect."""
-        return BrokerAddress("127.0.0.1", self.port)
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        """Start the broker and wait until it accepts connections."""
-        log = (self.directory / "mosquitto.log").open("ab")
-        self.process = subprocess.Popen([self.binary, "-c", str(self.config)], stdout=log, stderr=log)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mosquitto exited at start: see {self.directory / 'mosquitto.log'}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"mosquitto did not listen on port {self.port} within {timeout_s} s")
-
-    def stop(self) -> None:
-        """Stop the broker (its retained messages go with it: no persistence)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
+def _mosquitto(directory: Path) -> Any:
+    """A stopped broker in ``directory``; the test fails in one line if mosquitto is missing."""
+    try:
+        return mqtt_broker_module.Mosquitto(directory)
+    except mqtt_broker_module.MosquittoUnavailable as exc:
+        problem = str(exc)
+    pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def mqtt_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerAddress]:
     """One broker for the whole session; tests keep apart by topic prefix."""
-    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
+    broker = _mosquitto(tmp_path_factory.mktemp("mosquitto"))
     broker.start()
     yield broker.address
     broker.stop()
 
 
 @pytest.fixture
-def own_mqtt_broker(tmp_path: Path) -> Iterator[Callable[[], Mosquitto]]:
+def own_mqtt_broker(tmp_path: Path) -> Iterator[Callable[[], Any]]:
     """Start a broker of the test's own (to stop and restart it); stopped afterwards."""
-    started: list[Mosquitto] = []
+    started: list[Any] = []
 
-    def start() -> Mosquitto:
-        broker = Mosquitto(tmp_path / f"mosquitto-{len(started)}")
+    def start() -> Any:
+        broker = _mosquitto(tmp_path / f"mosquitto-{len(started)}")
         broker.start()
         started.append(broker)
         return broker
