@@ -29,7 +29,6 @@ SOCKET_OPTIONS: Final = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 """For every client: without TCP_NODELAY a small publish right after another write (the shuffler's
 answer after its PUBACK) waits for the broker's delayed ACK, ≈ 40 ms, measured."""
 DEFAULT_PORT: Final = 1883
-REQUEST_ID_HEX: Final = 32
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 _PREFIX = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 

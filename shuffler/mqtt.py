@@ -87,11 +87,6 @@ class MqttMetrics:
         )
 
 
-def error_ack(code: grpc.StatusCode, message: str) -> pb.SubmitAck:
-    """The answer a gRPC call would have ended with, nothing spooled."""
-    return pb.SubmitAck(status_code=code.value[0], status_message=message)
-
-
 class MqttIngress:
     """Runs beside the gRPC server: ``start`` connects in the background, ``stop`` ends it."""
 
@@ -221,28 +216,23 @@ class MqttIngress:
         """The SubmitAck for one payload, as the gRPC servicer would answer it."""
         self.metrics.messages.inc()
         if not isinstance(payload, bytes | bytearray):
-            self.metrics.dropped.labels(reason="not_bytes").inc()
-            return error_ack(grpc.StatusCode.INVALID_ARGUMENT, "the payload is not a SubmitReportsRequest")
+            return self._refuse(grpc.StatusCode.INVALID_ARGUMENT, "the payload is not a SubmitReportsRequest")
         if len(payload) > self.config.max_message_bytes:
-            self._failed(grpc.StatusCode.RESOURCE_EXHAUSTED)
-            return error_ack(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"request of {len(payload)} bytes; at most {self.config.max_message_bytes}",
-            )
+            message = f"request of {len(payload)} bytes; at most {self.config.max_message_bytes}"
+            return self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
             response = await self._handlers.submit(RawSubmit(bytes(payload)))
         except ShufflerError as exc:
-            code = status_code(exc)
-            self._failed(code)
-            return error_ack(code, str(exc))
+            return self._refuse(status_code(exc), str(exc))
         except Exception:
             log.exception("unexpected failure in submit over MQTT")
-            self._failed(grpc.StatusCode.INTERNAL)
-            return error_ack(grpc.StatusCode.INTERNAL, "internal error")
+            return self._refuse(grpc.StatusCode.INTERNAL, "internal error")
         return pb.SubmitAck(response=response)
 
-    def _failed(self, code: grpc.StatusCode) -> None:
+    def _refuse(self, code: grpc.StatusCode, message: str) -> pb.SubmitAck:
+        """Count the failure as the servicer does and answer with the status, nothing spooled."""
         self._service_metrics.requests_failed.labels(rpc="MqttSubmit", code=code.name).inc()
+        return pb.SubmitAck(status_code=code.value[0], status_message=message)
 
     async def _announce_forever(self, client: aiomqtt.Client) -> None:
         """Announce every interval until the connection ends; a failed round is logged, not fatal."""
