@@ -21,8 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-
-from tqdm import tqdm
+from typing import Protocol
 
 from deniable.client.budget import BudgetExceeded, BudgetLedger, fits
 from deniable.client.outbox import Outbox
@@ -37,6 +36,39 @@ logger = logging.getLogger("deniable.client")
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
+
+
+class ProgressBar(Protocol):
+    """The part of a tqdm bar the Reporter uses."""
+
+    def update(self, n: int = 1) -> object:
+        """Advance by ``n``."""
+        ...
+
+    def close(self) -> None:
+        """Finish the bar."""
+        ...
+
+
+class _NoBar:
+    """A progress bar that shows nothing (the default: the SDK does not need tqdm)."""
+
+    def update(self, n: int = 1) -> None:
+        """Do nothing."""
+
+    def close(self) -> None:
+        """Do nothing."""
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> ProgressBar:
+    """A tqdm bar when asked for (tqdm comes with ``deniable[server]``), otherwise a silent one."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError("progress bars need tqdm: pip install 'deniable[server]'") from exc
+    return tqdm(total=total, desc=desc, unit=unit)
 
 
 class CampaignClosed(Exception):
@@ -213,11 +245,12 @@ class Reporter:
                 self.campaign.device_budget_epsilon,
             )
         payloads = self.randomiser.randomise_many(values)
-        reports = [
-            report
-            for payload in tqdm(payloads, desc="seal", unit="device", disable=not progress)
-            for _, report in self._seal_payload(payload)
-        ]
+        bar = progress_bar(len(payloads), "seal", "device", progress)
+        reports: list[pb.EncryptedReport] = []
+        for payload in payloads:
+            reports.extend(report for _, report in self._seal_payload(payload))
+            bar.update(1)
+        bar.close()
         return self.outbox.add_many(reports)
 
     async def send_pending(
@@ -242,7 +275,7 @@ class Reporter:
         acknowledged = rejected = 0
         rejections: Counter[str] = Counter()
         async with self._send_lock:
-            bar = tqdm(total=self.outbox.count(campaign_id), desc="send", unit="report", disable=not progress)
+            bar = progress_bar(self.outbox.count(campaign_id), "send", "report", progress)
             try:
                 failures = 0
                 while rows := self.outbox.pending(batch_size, campaign_id):

@@ -11,12 +11,14 @@ import contextlib
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from deniable.core.errors import ConfigurationError
+
+if TYPE_CHECKING:  # grpcio-health-checking is a server dependency, not the device SDK's
+    from grpc_health.v1 import health
 
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_MAX_CONCURRENT_RPCS: Final = 256
@@ -44,6 +46,8 @@ def new_server(
 
 def add_health(server: grpc.aio.Server, *service_names: str) -> health.HealthServicer:
     """Register the gRPC health service reporting SERVING for the overall server and each name."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     for name in ("", *service_names):

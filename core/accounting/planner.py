@@ -13,9 +13,13 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
+
 
 # Largest epsilon0 the planner proposes (the aggregator refuses campaigns above it).
 MAX_PLANNED_EPSILON0: Final = 20.0
