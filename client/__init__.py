@@ -2,7 +2,14 @@
 
 from deniable.client.budget import BudgetExceeded, BudgetLedger
 from deniable.client.outbox import Outbox, OutboxRow
-from deniable.client.reporter import CampaignClosed, CampaignInvalid, Reporter, SendResult
+from deniable.client.reporter import (
+    CampaignClosed,
+    CampaignInvalid,
+    CampaignUnavailable,
+    Reporter,
+    SendResult,
+)
+from deniable.client.sync import SyncReporter
 from deniable.client.transport import GrpcTransport, InMemoryTransport, Transport, TransportError
 
 __all__ = [
@@ -10,12 +17,14 @@ __all__ = [
     "BudgetLedger",
     "CampaignClosed",
     "CampaignInvalid",
+    "CampaignUnavailable",
     "GrpcTransport",
     "InMemoryTransport",
     "Outbox",
     "OutboxRow",
     "Reporter",
     "SendResult",
+    "SyncReporter",
     "Transport",
     "TransportError",
 ]

@@ -75,6 +75,10 @@ class CampaignClosed(Exception):
     """The campaign's collection window is not open now."""
 
 
+class CampaignUnavailable(TransportError):
+    """The campaign description could not be fetched before ``fetch`` gave up (retryable later)."""
+
+
 class CampaignInvalid(Exception):
     """The campaign description is inconsistent, so reports made from it could not be counted."""
 
@@ -168,9 +172,18 @@ class Reporter:
         *,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
+        give_up_after_s: float = 60.0,
+        base_delay_s: float = 0.05,
+        max_delay_s: float = 5.0,
     ) -> Reporter:
-        """A Reporter for the campaign as the shuffler describes it (see the trust note above)."""
-        campaign = await transport.get_campaign(campaign_id)
+        """A Reporter for the campaign as the shuffler describes it (see the trust note above).
+
+        A retryable TransportError is retried with the full-jitter backoff of ``send_pending``;
+        after ``give_up_after_s`` (measured with ``clock``) it raises CampaignUnavailable.
+        """
+        campaign = await _get_campaign_retrying(
+            campaign_id, transport, clock, sleep, give_up_after_s, base_delay_s, max_delay_s
+        )
         if campaign.id != campaign_id:
             raise CampaignInvalid(f"asked for campaign {campaign_id!r}, got {campaign.id!r}")
         return cls(campaign, outbox, transport, ledger, clock=clock, sleep=sleep)
@@ -311,6 +324,37 @@ class Reporter:
             finally:
                 bar.close()
         return SendResult(acknowledged, rejected, self.outbox.count(campaign_id), dict(rejections))
+
+
+async def _get_campaign_retrying(
+    campaign_id: str,
+    transport: Transport,
+    clock: Clock,
+    sleep: Sleep,
+    give_up_after_s: float,
+    base_delay_s: float,
+    max_delay_s: float,
+) -> pb.Campaign:
+    """GetCampaign, retrying retryable failures with jittered backoff until ``give_up_after_s``."""
+    if not give_up_after_s >= 0:
+        raise ValueError("give_up_after_s must be a non-negative number of seconds")
+    deadline = clock() + give_up_after_s
+    attempt = 0
+    while True:
+        try:
+            return await transport.get_campaign(campaign_id)
+        except TransportError as exc:
+            if not exc.retryable:
+                raise
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise CampaignUnavailable(
+                    f"campaign {campaign_id!r} unavailable after {give_up_after_s:g} s and"
+                    f" {attempt + 1} attempts: {exc.message}",
+                    retryable=True,
+                ) from exc
+            await sleep(min(remaining, backoff_delay(attempt, base_delay_s, max_delay_s)))
+            attempt += 1
 
 
 def _check_response(response: pb.SubmitReportsResponse, sent: int) -> dict[int, pb.Rejection]:
