@@ -430,7 +430,36 @@ def _run(args: argparse.Namespace) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+# Which extra installs a module the CLI may need (the bare install is the device SDK only).
+EXTRA_FOR_MODULE = {
+    "numpy": "server",
+    "prometheus_client": "server",
+    "tqdm": "server",
+    "grpc_health": "server",
+    "asyncpg": "postgres",
+    "aiomqtt": "mqtt",
+    "paho": "mqtt",
+    "matplotlib": "plot",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run; a missing optional dependency is one line naming its extra."""
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_FOR_MODULE.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"deniable: this command needs the [{extra}] extra ({exc.name} is not installed):"
+            f" pip install 'deniable[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     """Parse arguments, run, and turn known failures into one-line errors."""
     parser = build_parser()
     args = parser.parse_args(argv)
