@@ -1,0 +1,167 @@
+"""A second, independent client written from docs/wire.md alone: no deniable import.
+
+Only the standard library, ``struct`` for the layout and ``cryptography`` for HPKE. Two uses:
+
+    python tests/independent_client.py check tests/vectors
+        recompute the binary_rr / grr thresholds, payloads, plaintexts and HPKE info of the golden
+        vectors and open their ciphertexts; exit 1 on the first mismatch
+    python tests/independent_client.py seal PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID PLAINTEXT_LENGTH \
+        MECHANISM EPSILON0 DOMAIN_SIZE VALUE
+        print the hex ciphertext (enc || ct) of one fresh report
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import sys
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hpke
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+SCALE = 1 << 64
+OTHER_WEIGHT = 1 << 40
+SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
+Draw = Callable[[int], bytes]
+
+
+def exp_lower_bound(x: float) -> Fraction:
+    """wire.md §5.1: Taylor terms summed until k > x and term < 2**-96 * total, floored to 2**-64."""
+    exact, total, term, k = Fraction(x), Fraction(0), Fraction(1), 0
+    while True:
+        total += term
+        k += 1
+        term = term * exact / k
+        if k > exact and term < Fraction(1, 1 << 96) * total:
+            return Fraction(math.floor(total * SCALE), SCALE)
+
+
+def randbits(draw: Draw, bits: int) -> int:
+    """wire.md §5.2: ceil(bits/8) bytes, big-endian, shifted right to ``bits`` bits."""
+    return int.from_bytes(draw((bits + 7) // 8), "big") >> ((8 - bits % 8) % 8)
+
+
+def randbelow(draw: Draw, upper: int) -> int:
+    """wire.md §5.2: rejection on bit_length(upper) bits."""
+    while (candidate := randbits(draw, upper.bit_length())) >= upper:
+        pass
+    return candidate
+
+
+def payload_length(domain_size: int) -> int:
+    return max(1, (max(domain_size - 1, 1).bit_length() + 7) // 8)
+
+
+def randomise(
+    mechanism: str, epsilon0: float, d: int, value: int, draw: Draw
+) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.1 and §6.2: binary_rr and grr; the payload and the thresholds used."""
+    bound = exp_lower_bound(epsilon0)
+    if mechanism == "binary_rr":
+        keep = math.floor(SCALE * bound / (1 + bound))
+        flip = int(randbits(draw, 64) >= keep)
+        return bytes([value ^ flip]), {"keep_threshold": keep}
+    if mechanism == "grr":
+        keep_weight = math.floor(bound * OTHER_WEIGHT)
+        total = keep_weight + (d - 1) * OTHER_WEIGHT
+        r = randbelow(draw, total)
+        other_index = max(r - keep_weight, 0) // OTHER_WEIGHT
+        other = other_index + int(other_index >= value)
+        keep = int(r < keep_weight)
+        chosen = keep * value + (1 - keep) * other  # selected arithmetically, no branch on the value
+        return chosen.to_bytes(payload_length(d), "big"), {"keep_weight": keep_weight, "total_weight": total}
+    raise SystemExit(f"this client implements binary_rr and grr only, not {mechanism}")
+
+
+def plaintext(report_id: bytes, campaign_id: str, key_id: int, payload: bytes, length: int) -> bytes:
+    """wire.md §3: version 1, report id, key id, campaign id (length + 64 bytes), payload, zeros."""
+    campaign = campaign_id.encode()
+    head = struct.pack(">B16sIB64sH", 1, report_id, key_id, len(campaign), campaign, len(payload))
+    body = head + payload
+    return body + bytes(length - len(body))
+
+
+def info(campaign_id: str, key_id: int) -> bytes:
+    """wire.md §4: b"deniable/v1/report" || u16 length || campaign id || u32 key id."""
+    campaign = campaign_id.encode()
+    return b"deniable/v1/report" + struct.pack(">H", len(campaign)) + campaign + struct.pack(">I", key_id)
+
+
+def seal(public_key: bytes, campaign_id: str, key_id: int, length: int, payload: bytes) -> bytes:
+    """A fresh report id, the padded plaintext, HPKE base mode to the aggregator key."""
+    data = plaintext(os.urandom(16), campaign_id, key_id, payload, length)
+    return SUITE.encrypt(data, X25519PublicKey.from_public_bytes(public_key), info=info(campaign_id, key_id))
+
+
+def _stream(data: bytes) -> Draw:
+    position = 0
+
+    def draw(count: int) -> bytes:
+        nonlocal position
+        out, position = data[position : position + count], position + count
+        if len(out) != count:
+            raise SystemExit("the vector's randomness ran out")
+        return out
+
+    return draw
+
+
+def check(folder: Path) -> None:
+    """Reproduce the vectors this client implements; raise SystemExit on any mismatch."""
+    checked = 0
+    for vector in json.loads((folder / "mechanisms.json").read_text()):
+        if vector["mechanism"] not in ("binary_rr", "grr"):
+            continue
+        for case in vector["cases"]:
+            payload, thresholds = randomise(
+                vector["mechanism"],
+                vector["epsilon0"],
+                vector["domain_size"],
+                case["value"],
+                _stream(bytes.fromhex(case["randomness"])),
+            )
+            if payload.hex() != case["payload"] or thresholds != vector["thresholds"]:
+                raise SystemExit(f"mechanism vector mismatch: {vector['mechanism']} {case}")
+            checked += 1
+    for group in json.loads((folder / "plaintext.json").read_text()):
+        for case in group["valid"]:
+            made = plaintext(
+                bytes.fromhex(case["report_id"]),
+                case["campaign_id"],
+                case["key_id"],
+                bytes.fromhex(case["payload"]),
+                case["plaintext_length"],
+            )
+            if made.hex() != case["plaintext"]:
+                raise SystemExit(f"plaintext vector mismatch: {case['campaign_id']}")
+            checked += 1
+    envelope = json.loads((folder / "envelope.json").read_text())
+    private = X25519PrivateKey.from_private_bytes(bytes.fromhex(envelope["recipient_private_key"]))
+    for case in envelope["sealed"]:
+        context = info(case["campaign_id"], case["key_id"])
+        opened = SUITE.decrypt(bytes.fromhex(case["ciphertext"]), private, info=context)
+        if context.hex() != case["info"] or opened.hex() != case["plaintext"]:
+            raise SystemExit(f"envelope vector mismatch: {case['campaign_id']}")
+        checked += 1
+    print(f"{checked} vectors reproduced")
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["check"]:
+        check(Path(argv[1]))
+        return
+    if argv[:1] == ["seal"] and len(argv) == 9:
+        key, campaign, key_id, length, mechanism, epsilon0, d, value = argv[1:]
+        payload, _ = randomise(mechanism, float(epsilon0), int(d), int(value), os.urandom)
+        print(seal(bytes.fromhex(key), campaign, int(key_id), int(length), payload).hex())
+        return
+    raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
