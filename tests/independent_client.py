@@ -31,7 +31,7 @@ Draw = Callable[[int], bytes]
 
 
 def exp_lower_bound(x: float) -> Fraction:
-    """wire.md §5.1: Taylor terms summed until k > x and term < 2**-96 * total, floored to 2**-64."""
+    """wire.md §6.0: Taylor terms summed until k > x and term < 2**-96 * total, floored to 2**-64."""
     exact, total, term, k = Fraction(x), Fraction(0), Fraction(1), 0
     while True:
         total += term
@@ -42,12 +42,12 @@ def exp_lower_bound(x: float) -> Fraction:
 
 
 def randbits(draw: Draw, bits: int) -> int:
-    """wire.md §5.2: ceil(bits/8) bytes, big-endian, shifted right to ``bits`` bits."""
+    """wire.md §6.0: ceil(bits/8) bytes, big-endian, shifted right to ``bits`` bits."""
     return int.from_bytes(draw((bits + 7) // 8), "big") >> ((8 - bits % 8) % 8)
 
 
 def randbelow(draw: Draw, upper: int) -> int:
-    """wire.md §5.2: rejection on bit_length(upper) bits."""
+    """wire.md §6.0: rejection on bit_length(upper) bits."""
     while (candidate := randbits(draw, upper.bit_length())) >= upper:
         pass
     return candidate
