@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import aiomqtt
 import grpc
 from google.protobuf.message import DecodeError
 
@@ -24,6 +23,13 @@ from deniable.core import mqtt
 from deniable.core.campaigns import valid_campaign_id
 from deniable.core.mqtt import BrokerAddress
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import aiomqtt
+else:  # the [mqtt] extra: imported when a broker is first used
+    from deniable.core.lazy import LazyModule
+
+    aiomqtt = LazyModule("aiomqtt", "MQTT needs aiomqtt: pip install 'deniable[mqtt]'")
 
 _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 
