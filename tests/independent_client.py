@@ -3,8 +3,9 @@
 Only the standard library, ``struct`` for the layout and ``cryptography`` for HPKE. Two uses:
 
     python tests/independent_client.py check tests/vectors
-        recompute the binary_rr / grr thresholds, payloads, plaintexts and HPKE info of the golden
-        vectors and open their ciphertexts; exit 1 on the first mismatch
+        recompute every local randomiser's thresholds and payloads (binary_rr, grr, sue, oue,
+        subset_selection, hadamard_response, olh at g = 4), the plaintexts and the HPKE info of
+        the golden vectors, and open their ciphertexts; exit 1 on the first mismatch
     python tests/independent_client.py seal PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID PLAINTEXT_LENGTH \
         MECHANISM EPSILON0 DOMAIN_SIZE VALUE
         print the hex ciphertext (enc || ct) of one fresh report
@@ -75,7 +76,136 @@ def randomise(
         keep = int(r < keep_weight)
         chosen = keep * value + (1 - keep) * other  # selected arithmetically, no branch on the value
         return chosen.to_bytes(payload_length(d), "big"), {"keep_weight": keep_weight, "total_weight": total}
-    raise SystemExit(f"this client implements binary_rr and grr only, not {mechanism}")
+    if mechanism in ("sue", "oue"):
+        return unary(mechanism, bound, d, value, draw)
+    if mechanism == "subset_selection":
+        return subset(epsilon0, bound, d, value, draw)
+    if mechanism == "hadamard_response":
+        return hadamard(bound, d, value, draw)
+    if mechanism == "olh":
+        return olh(bound, d, value, draw)
+    raise SystemExit(f"this client does not implement {mechanism}")
+
+
+def bitmap(d: int, members: list[int]) -> bytes:
+    """wire.md §6.3: category j is bit 7 - j % 8 of byte j // 8; spare bits zero."""
+    out = bytearray((d + 7) // 8)
+    for j in members:
+        out[j // 8] |= 0x80 >> (j % 8)
+    return bytes(out)
+
+
+def unary(mechanism: str, bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.3: thresholds A, Z; d little-endian 64-bit words; bit j = w_j < Z + [j = v](A - Z)."""
+    if mechanism == "sue":
+        n, m = bound.numerator, bound.denominator
+        low, high = SCALE // 2, SCALE - 1
+        if high * high * m <= n * (SCALE - high) ** 2:
+            low = high
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if mid * mid * m <= n * (SCALE - mid) ** 2 else (low, mid)
+        own, other = low, SCALE - low
+    else:
+        own, other = SCALE // 2, math.ceil(SCALE / (1 + bound))
+    words = [struct.unpack("<Q", draw(8))[0] for _ in range(d)]
+    members = [j for j in range(d) if words[j] < other + int(j == value) * (own - other)]
+    return bitmap(d, members), {"own_threshold": own, "other_threshold": other}
+
+
+def subset(epsilon0: float, bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.4 with the default subset size."""
+    omega = max(1, round(d / (math.exp(epsilon0) + 1)))
+    threshold = math.floor(SCALE * bound * omega / (bound * omega + d - omega))
+    include = int(randbits(draw, 64) < threshold)
+    moved: dict[int, int] = {}
+    picks = []
+    for j in range(omega):
+        r = j + randbelow(draw, d - 1 - j)
+        picks.append(moved.get(r, r))
+        moved[r] = moved.get(j, j)
+    chosen = [p + int(p >= value) for p in picks]
+    chosen[-1] = include * value + (1 - include) * chosen[-1]
+    return bitmap(d, chosen), {"include_threshold": threshold, "subset_size": omega}
+
+
+def hadamard(bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.5."""
+    order = 1 << d.bit_length()
+    threshold = math.floor(SCALE * bound / (1 + bound))
+    inside = int(randbits(draw, 64) < threshold)
+    pos = randbits(draw, order.bit_length() - 2)
+    w = value + 1
+    m = w & -w
+    low = m - 1
+    base = ((pos - (pos & low)) << 1) | (pos & low)
+    inner = base | ((bin(base & w).count("1") & 1) * m)
+    index = inside * inner + (1 - inside) * (inner ^ m)
+    width = (order.bit_length() - 1 + 7) // 8
+    return index.to_bytes(width, "big"), {"inside_threshold": threshold, "order": order}
+
+
+def gf_tables(p: int, k: int) -> tuple[Callable[[int, int], int], Callable[[int, int], int]]:
+    """wire.md §6.6: GF(p^k) add and multiply, modulo the first primitive x^k + sum c_i x^i."""
+    q = p**k
+
+    def poly_mul(a: int, b: int, coeffs: list[int]) -> int:
+        da = [(a // p**i) % p for i in range(k)]
+        db = [(b // p**i) % p for i in range(k)]
+        prod = [0] * (2 * k - 1)
+        for i, x in enumerate(da):
+            for j, y in enumerate(db):
+                prod[i + j] = (prod[i + j] + x * y) % p
+        for top in range(2 * k - 2, k - 1, -1):  # x^k = -sum c_i x^i
+            c, prod[top] = prod[top], 0
+            for i in range(k):
+                prod[top - k + i] = (prod[top - k + i] - c * coeffs[i]) % p
+        return sum(prod[i] * p**i for i in range(k))
+
+    for low in range(1, q):
+        coeffs = [(low // p**i) % p for i in range(k)]
+        if coeffs[0] == 0:
+            continue
+        x, power, order = p if k > 1 else 1, 1, 0
+        while True:
+            power, order = poly_mul(power, x, coeffs), order + 1
+            if power == 1:
+                break
+        if order == q - 1:
+            break
+
+    def add(a: int, b: int) -> int:
+        return sum((((a // p**i) + (b // p**i)) % p) * p**i for i in range(k))
+
+    return add, lambda a, b: poly_mul(a, b, coeffs)
+
+
+def olh(bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.6 with g = 4 (the vectors' g at epsilon0 = 1): p = 2, k = 2."""
+    g, p, k = 4, 2, 2
+    add, mul = gf_tables(p, k)
+    powers = [1]
+    while powers[-1] < d:
+        powers.append(powers[-1] * g)
+    r = len(powers) - 1
+    offsets = [(pw - 1) // (g - 1) for pw in powers]
+    seeds = offsets[r]
+    s = randbelow(draw, seeds)
+    keep_weight = math.floor(bound * OTHER_WEIGHT)
+    total = keep_weight + (g - 1) * OTHER_WEIGHT
+    r2 = randbelow(draw, total)
+    lead = sum(1 for i in range(1, r) if offsets[i] <= s)
+    low = s - offsets[lead]
+    y = (value // powers[lead]) % g
+    for i in range(r):
+        y = add(y, mul((low // powers[i]) % g, (value // powers[i]) % g))
+    keep = int(r2 < keep_weight)
+    other_index = max(r2 - keep_weight, 0) // OTHER_WEIGHT
+    chosen = keep * y + (1 - keep) * (other_index + int(other_index >= y))
+    seed_bytes = max(1, ((seeds - 1).bit_length() + 7) // 8)
+    bucket_bytes = max(1, ((g - 1).bit_length() + 7) // 8)
+    payload = s.to_bytes(seed_bytes, "big") + chosen.to_bytes(bucket_bytes, "big")
+    return payload, {"keep_weight": keep_weight, "total_weight": total, "seeds": seeds, "g": g}
 
 
 def plaintext(report_id: bytes, campaign_id: str, key_id: int, payload: bytes, length: int) -> bytes:
@@ -115,8 +245,6 @@ def check(folder: Path) -> None:
     """Reproduce the vectors this client implements; raise SystemExit on any mismatch."""
     checked = 0
     for vector in json.loads((folder / "mechanisms.json").read_text()):
-        if vector["mechanism"] not in ("binary_rr", "grr"):
-            continue
         for case in vector["cases"]:
             payload, thresholds = randomise(
                 vector["mechanism"],
@@ -126,7 +254,10 @@ def check(folder: Path) -> None:
                 _stream(bytes.fromhex(case["randomness"])),
             )
             if payload.hex() != case["payload"] or thresholds != vector["thresholds"]:
-                raise SystemExit(f"mechanism vector mismatch: {vector['mechanism']} {case}")
+                raise SystemExit(
+                    f"mechanism vector mismatch: {vector['mechanism']} {case}: {payload.hex()} {thresholds}"
+                    f" != {vector['thresholds']}"
+                )
             checked += 1
     for group in json.loads((folder / "plaintext.json").read_text()):
         for case in group["valid"]:
