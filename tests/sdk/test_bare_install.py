@@ -105,3 +105,9 @@ def test_the_declared_dependencies_are_the_sdk_only() -> None:
     requires = distribution("deniable").requires or []
     bare = sorted(r.split(">")[0].split("=")[0].split("<")[0] for r in requires if "extra ==" not in r)
     assert bare == ["cryptography", "grpcio", "protobuf"]
+
+
+def test_the_service_image_installs_the_server_extras() -> None:
+    """The bare install cannot run a service: the container image must ask for the extras."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert 'pip install ".[server,postgres,mqtt]"' in dockerfile
