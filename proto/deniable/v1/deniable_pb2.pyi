@@ -186,6 +186,7 @@ class Campaign(_message.Message):
     TARGET_EPSILON_FIELD_NUMBER: _builtins.int
     EXPECTED_N_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
+    QUOTA_PER_SOURCE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: _builtins.str
@@ -223,6 +224,10 @@ class Campaign(_message.Message):
     """0 when the campaign was created from epsilon0 directly"""
     expected_n: _builtins.int
     """planning assumption for target_epsilon"""
+    quota_per_source: _builtins.int
+    """--- tls ---
+    reports one source address (or device credential) may spool
+    """
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -255,10 +260,11 @@ class Campaign(_message.Message):
         target_epsilon: _builtins.float = ...,
         expected_n: _builtins.int = ...,
         params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        quota_per_source: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -681,6 +687,7 @@ class CreateCampaignRequest(_message.Message):
     PARAMS_FIELD_NUMBER: _builtins.int
     TARGET_EPSILON_FIELD_NUMBER: _builtins.int
     EXPECTED_N_FIELD_NUMBER: _builtins.int
+    QUOTA_PER_SOURCE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     question: _builtins.str
     kind: Global___DomainKind.ValueType
@@ -699,6 +706,10 @@ class CreateCampaignRequest(_message.Message):
     target_epsilon: _builtins.float
     """with expected_n: plan epsilon0 (and mechanism if unset) from a central target"""
     expected_n: _builtins.int
+    quota_per_source: _builtins.int
+    """--- tls ---
+    per-source quota at shufflers; 0: each shuffler's default
+    """
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """required for CATEGORICAL, ignored for BINARY"""
@@ -724,10 +735,11 @@ class CreateCampaignRequest(_message.Message):
         params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         target_epsilon: _builtins.float = ...,
         expected_n: _builtins.int = ...,
+        quota_per_source: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
