@@ -165,11 +165,13 @@ async def run_pipeline(
     delta: float = 1e-6,
     mqtt_broker: BrokerAddress | None = None,
     mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
+    mqtt_insecure: bool = False,
 ) -> list[DemoCampaign]:
     """Run the demo in ``workdir`` and return each campaign with its answer.
 
     With ``mqtt_broker`` the shuffler also serves that broker and the devices reach it there
-    (campaigns from its retained topics, reports and answers as MQTT messages), not over gRPC.
+    (campaigns from its retained topics, reports and answers as MQTT messages), not over gRPC;
+    devices verify the broker's certificate (``mqtt_broker.tls``) unless ``mqtt_insecure``.
     """
     n_min = max(1, min(1000, devices))
     campaigns = demo_campaigns(devices, epsilon0, mechanism, n_min, target_epsilon, delta)
@@ -204,7 +206,7 @@ async def run_pipeline(
                 assert shuffler.mqtt is not None
                 await asyncio.wait_for(shuffler.mqtt.connected.wait(), 30)
                 await shuffler.mqtt.announce_now()  # do not wait for the periodic announcement
-                transport = MqttTransport(mqtt_broker, prefix=mqtt_prefix)
+                transport = MqttTransport(mqtt_broker, prefix=mqtt_prefix, insecure=mqtt_insecure)
             outbox = Outbox(workdir / "devices" / "outbox.db")
             try:
                 for campaign in campaigns:
@@ -309,6 +311,7 @@ def run_demo(
     delta: float = 1e-6,
     mqtt_broker: BrokerAddress | None = None,
     mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
+    mqtt_insecure: bool = False,
 ) -> dict[str, Any]:
     """Run the demo, print the tables and the privacy statements, write JSON and plot if asked."""
     if devices < 1:
@@ -319,13 +322,28 @@ def run_demo(
     print(
         "TLS on every link with throwaway certificates from a fresh development CA: devices verify the"
         " shuffler,\nthe shuffler and the operator authenticate to the aggregator with client certificates"
-        + (" (the MQTT broker link is as given by --mqtt)" if mqtt_broker is not None else "")
+        + (
+            ""
+            if mqtt_broker is None
+            else "; devices reach the MQTT broker in PLAINTEXT (--mqtt-insecure)"
+            if mqtt_insecure
+            else "; devices verify the MQTT broker's certificate"
+        )
     )
     with tempfile.TemporaryDirectory(prefix="deniable-demo-") as tmp:
         base = workdir or Path(tmp)
         campaigns = asyncio.run(
             run_pipeline(
-                devices, epsilon0, base, mechanism, progress, target_epsilon, delta, mqtt_broker, mqtt_prefix
+                devices,
+                epsilon0,
+                base,
+                mechanism,
+                progress,
+                target_epsilon,
+                delta,
+                mqtt_broker,
+                mqtt_prefix,
+                mqtt_insecure,
             )
         )
     elapsed = time.perf_counter() - started

@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_mqtt_options(demo, "devices reach the shuffler through this MQTT broker instead of gRPC")
+    demo.add_argument("--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file")
+    demo.add_argument(
+        "--mqtt-insecure", action="store_true", help="plaintext to the MQTT broker (tests only)"
+    )
 
     aggregator = sub.add_parser("aggregator", help="the aggregator service").add_subparsers(
         dest="action", required=True
@@ -339,6 +343,25 @@ def _add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def _mqtt_tls(ca: Path | None) -> ssl.SSLContext | None:
+    """A context verifying the broker against ``ca`` (None: no CA given)."""
+    if ca is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot use {ca} as the MQTT broker's CA: {exc}") from exc
+
+
+def _demo_broker(args: argparse.Namespace) -> BrokerAddress | None:
+    """The demo's broker: TLS with ``--mqtt-ca``, plaintext only with ``--mqtt-insecure``."""
+    if args.mqtt is None:
+        return None
+    if (args.mqtt_ca is None) == (not args.mqtt_insecure):
+        raise ConfigurationError("with --mqtt give --mqtt-ca (TLS to the broker) or --mqtt-insecure")
+    return dataclasses.replace(BrokerAddress.parse(args.mqtt), tls=_mqtt_tls(args.mqtt_ca))
+
+
 def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
     """The shuffler's MQTT face from its options; ConfigurationError (one line) when unusable."""
     if args.mqtt is None:
@@ -346,12 +369,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
     from deniable.shuffler.mqtt import MqttIngressConfig
 
     broker = BrokerAddress.parse(args.mqtt)
-    tls = None
-    if args.mqtt_ca is not None:
-        try:
-            tls = ssl.create_default_context(cafile=str(args.mqtt_ca))
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigurationError(f"cannot use {args.mqtt_ca} as the MQTT broker's CA: {exc}") from exc
+    tls = _mqtt_tls(args.mqtt_ca)
     password = os.environ.get("DENIABLE_MQTT_PASSWORD")
     broker = dataclasses.replace(broker, username=args.mqtt_username, password=password, tls=tls)
     return MqttIngressConfig(
@@ -378,8 +396,9 @@ def _run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             target_epsilon=args.target_epsilon,
             delta=args.delta,
-            mqtt_broker=None if args.mqtt is None else BrokerAddress.parse(args.mqtt),
+            mqtt_broker=_demo_broker(args),
             mqtt_prefix=args.mqtt_prefix,
+            mqtt_insecure=args.mqtt_insecure,
         )
         return 0
     if args.command == "aggregator":
