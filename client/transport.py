@@ -67,7 +67,7 @@ def error_from_rpc(exc: grpc.aio.AioRpcError, what: str) -> TransportError:
 
 
 class GrpcTransport:
-    """The shuffler over gRPC with TLS: the server's certificate is verified (system roots or ``tls.ca``)."""
+    """The shuffler over gRPC with TLS, verifying the server's certificate (``tls.ca``, else gRPC's roots)."""
 
     def __init__(
         self,
@@ -79,7 +79,7 @@ class GrpcTransport:
     ) -> None:
         """Remember where the shuffler is; the channel opens on first use, inside the running loop.
 
-        ``tls``: the CA to trust (default: the system roots) and an optional device certificate;
+        ``tls``: the CA to trust (default: gRPC's default roots) and an optional device certificate;
         ``insecure=True``: plaintext, for tests against an insecure shuffler only.
         """
         if timeout_s <= 0:

@@ -61,7 +61,7 @@ class ServerTls:
 
 @dataclass(frozen=True)
 class ClientTls:
-    """How a client verifies the server (``ca``, or the system roots when None) and proves itself."""
+    """How a client verifies the server (``ca``, or gRPC's default roots when None) and proves itself."""
 
     ca: Path | None = None
     cert: Path | None = None
@@ -91,7 +91,7 @@ def _check_certificate(pem: bytes, path: Path) -> None:
 
 
 def open_channel(address: str, tls: ClientTls | None = None, *, insecure: bool = False) -> grpc.aio.Channel:
-    """A channel that verifies the server (``tls``, default: system roots); plaintext only if ``insecure``."""
+    """A channel that verifies the server (``tls``, default: gRPC's roots); plaintext only if ``insecure``."""
     if insecure:
         if tls is not None:
             raise ConfigurationError("choose TLS or insecure, not both")
