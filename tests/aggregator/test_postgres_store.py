@@ -152,7 +152,17 @@ async def test_missing_database_is_a_configuration_error(postgres_dsn: str) -> N
 def test_cli_serve_with_unreachable_store_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dsn = f"postgresql://agg:s3cret@127.0.0.1:{_closed_port()}/counts"
     code = main(
-        ["aggregator", "serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0", "--store", dsn]
+        [
+            "aggregator",
+            "serve",
+            "--insecure",
+            "--data-dir",
+            str(tmp_path),
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            dsn,
+        ]
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
