@@ -167,6 +167,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     if config.spool not in SPOOLS:
         raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
     check_transport(config.tls, config.insecure, "shuffler")
+    if config.quota_per_source < 0 or not config.quota_window_s > 0:
+        raise ConfigurationError("the quota must be >= 0 reports (0: no limit) over a window > 0 s")
     device_credentials, operator_credentials, upstream_tls = _credentials(config)
     store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
     metrics = ShufflerMetrics()

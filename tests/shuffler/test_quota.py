@@ -112,3 +112,12 @@ async def test_handlers_refuse_over_quota_on_both_paths_and_spool_nothing_of_it(
     assert stats == {"small": 3, "large": 8}
     assert (await handlers.submit(pb.SubmitReportsRequest(reports=kit.make_reports(small, 5)))).accepted == 5
     assert shuffler.metrics.quota_refusals._value.get() == 2
+
+
+async def test_a_negative_quota_is_a_configuration_error(start: Any) -> None:
+    from deniable.core.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="quota"):
+        await start(quota_per_source=-1)
+    with pytest.raises(ConfigurationError, match="quota"):
+        await start(quota_window_s=0.0)
