@@ -27,6 +27,10 @@ OPERATOR: Final = frozenset({"operator"})
 HEALTH_METHODS: Final = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
 
 Context = grpc.aio.ServicerContext[Any, Any]
+_MESSAGES: Final = {
+    "no_certificate": "this RPC needs a client certificate",
+    "no_role": "the client certificate names no deniable role",
+}
 
 
 @dataclass(frozen=True)
@@ -84,16 +88,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         code, reason = verdict
         rpc = method.rsplit("/", 1)[-1]
         self._refusals.labels(service=self._policy.service, rpc=rpc, reason=reason).inc()
-        message = (
-            "this RPC needs a client certificate"
-            if reason == "no_certificate"
-            else (
-                "the client certificate names no deniable role"
-                if reason == "no_role"
-                else f"this RPC needs the {' or '.join(sorted(self._policy.roles_for(method)))} role"
-            )
-        )
-        await context.abort(code, message)
+        roles = " or ".join(sorted(self._policy.roles_for(method)))
+        await context.abort(code, _MESSAGES.get(reason, f"this RPC needs the {roles} role"))
 
 
 def _guarded(
