@@ -4,16 +4,21 @@ one, so every test here fails if its protection is removed."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
 from deniable.core.campaigns import randomiser_for
-from deniable.core.certs import DevCerts
+from deniable.core.certs import DevCerts, issue, make_ca
 from deniable.core.crypto import PublicKey, seal_report
 from deniable.core.tls import ClientTls, ServerTls, open_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
@@ -292,3 +297,54 @@ async def test_without_a_quota_the_same_flood_is_counted(tmp_path: Path, dev_cer
         assert await _count_after_flush(running, campaign.id) == 9
     finally:
         await _stop(running)
+
+
+def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[Path, Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    pem, key_file = path / "cert.pem", path / "cert.key"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return pem, key_file
+
+
+async def test_a_certificate_of_our_ca_without_a_role_is_unauthenticated(tmp_path: Path) -> None:
+    """Our CA, a valid client certificate, but no role URI: UNAUTHENTICATED, counted as no_role."""
+    ca_key, ca = make_ca()
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    agg_cert, agg_key = _write(tmp_path / "agg-tls", *issue(ca_key, ca, "aggregator"))
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    roleless = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nobody")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("nobody")]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    client_cert, client_key = _write(tmp_path / "client", key, roleless)
+    aggregator = await start_aggregator(
+        AggregatorConfig(
+            data_dir=tmp_path / "agg", listen="127.0.0.1:0", tls=ServerTls(agg_cert, agg_key, ca_file)
+        )
+    )
+    channel = open_channel(aggregator.address, ClientTls(ca_file, client_cert, client_key))
+    try:
+        stub = pb_grpc.AggregatorStub(channel)
+        for call in (stub.ListKeys(pb.ListKeysRequest()), stub.ListCampaigns(pb.ListCampaignsRequest())):
+            assert await _code(call) == grpc.StatusCode.UNAUTHENTICATED
+        refused = aggregator.metrics.registry.get_sample_value(
+            "deniable_auth_refusals_total", {"service": "aggregator", "rpc": "ListKeys", "reason": "no_role"}
+        )
+        assert refused == 1
+    finally:
+        await channel.close()
+        await aggregator.stop(grace=1.0)
