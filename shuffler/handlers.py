@@ -180,21 +180,19 @@ class ShufflerHandlers:
         campaigns: Mapping[str, pb.Campaign | None],
     ) -> None:
         """Charge ``source``'s quota, then append durably; a failed append gives the charge back."""
-        charged = self.quota is not None and bool(source) and bool(demand)
-        if charged:
-            assert self.quota is not None
-            limits = {c: self.quota.limit(campaign) for c, campaign in campaigns.items() if campaign}
+        quota = self.quota if source and demand else None
+        if quota is not None:
+            limits = {c: quota.limit(campaign) for c, campaign in campaigns.items() if campaign}
             try:
-                self.quota.charge(source, demand, limits)
+                quota.charge(source, demand, limits)
             except QuotaExceeded:
                 self._metrics.quota_refusals.inc()
                 raise
         try:
             await asyncio.to_thread(self.store.append, columns)
         except BaseException:
-            if charged:
-                assert self.quota is not None
-                self.quota.refund(source, demand)
+            if quota is not None:
+                quota.refund(source, demand)
             raise
 
     async def _submit_uniform(
