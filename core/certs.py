@@ -1,7 +1,8 @@
 """Development certificates: one CA and a certificate per role (``deniable certs dev``).
 
 The role of a certificate is a SAN URI ``spiffe://deniable/<role>`` (``ROLE_URI_PREFIX``); the
-services read it from the verified peer certificate to decide which RPCs the peer may call.
+services read it from the verified peer certificate (``deniable.core.tls.role_of``) to decide
+which RPCs the peer may call.
 These certificates are for development and tests: production deployments issue their own from
 their PKI with the same URI SANs (docs/security.md).
 """
@@ -22,9 +23,19 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from deniable.core.errors import ConfigurationError
+from deniable.core.tls import ROLE_URI_PREFIX, ROLES, role_of
 
-ROLE_URI_PREFIX: Final = "spiffe://deniable/"
-ROLES: Final = ("aggregator", "shuffler", "operator", "device")
+__all__ = [
+    "DEV_ROLES",
+    "ROLES",
+    "ROLE_URI_PREFIX",
+    "DevCerts",
+    "issue",
+    "make_ca",
+    "role_of",
+    "write_dev_certs",
+]
+
 DEV_ROLES: Final = ("aggregator", "shuffler", "operator")
 """The certificates ``deniable certs dev`` writes (a device certificate only on request)."""
 DEFAULT_HOSTS: Final = ("localhost", "127.0.0.1", "::1")
@@ -164,20 +175,3 @@ def write_dev_certs(directory: Path, hosts: Sequence[str] = (), roles: Sequence[
         out.cert(role).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_private(out.key(role), _key_pem(key))
     return out
-
-
-def role_of(cert: x509.Certificate) -> str | None:
-    """The role a certificate's SAN URI names, or None if it names none (or several)."""
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return None
-    roles = {
-        uri[len(ROLE_URI_PREFIX) :]
-        for uri in san.get_values_for_type(x509.UniformResourceIdentifier)
-        if uri.startswith(ROLE_URI_PREFIX)
-    }
-    if len(roles) != 1:
-        return None
-    (role,) = roles
-    return role if role in ROLES else None

@@ -15,11 +15,12 @@ from typing import Any, Final
 import grpc
 from cryptography import x509
 
-from deniable.core.certs import role_of
 from deniable.core.errors import ConfigurationError
 from deniable.core.service import CHANNEL_OPTIONS
 
 _ROLE_CACHE_SIZE: Final = 1024
+ROLE_URI_PREFIX: Final = "spiffe://deniable/"
+ROLES: Final = ("aggregator", "shuffler", "operator", "device")
 NO_CERTIFICATE: Final = ""
 """``PeerRoles.role`` of a peer that presented no certificate."""
 NO_ROLE: Final = "?"
@@ -97,6 +98,23 @@ def open_channel(address: str, tls: ClientTls | None = None, *, insecure: bool =
             raise ConfigurationError("choose TLS or insecure, not both")
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
     return grpc.aio.secure_channel(address, (tls or ClientTls()).credentials(), options=CHANNEL_OPTIONS)
+
+
+def role_of(cert: x509.Certificate) -> str | None:
+    """The role a certificate's SAN URI names, or None if it names none (or several)."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    roles = {
+        uri[len(ROLE_URI_PREFIX) :]
+        for uri in san.get_values_for_type(x509.UniformResourceIdentifier)
+        if uri.startswith(ROLE_URI_PREFIX)
+    }
+    if len(roles) != 1:
+        return None
+    (role,) = roles
+    return role if role in ROLES else None
 
 
 class PeerRoles:
