@@ -236,7 +236,8 @@ async def test_flush_and_create_campaign_need_the_operator(stack: Stack, tmp_pat
 
 
 async def test_devices_reach_campaigns_and_submit_on_the_device_port(stack: Stack) -> None:
-    """What devices need stays open without a credential: GetCampaign, SubmitReports, health."""
+    """What devices need stays open without a credential: GetCampaign, SubmitReports, health;
+    a device with a certificate submits on the mutual-TLS port."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     created = await stack.aggregator_as("operator").CreateCampaign(_campaign_request("open"))
@@ -245,6 +246,9 @@ async def test_devices_reach_campaigns_and_submit_on_the_device_port(stack: Stac
     assert relayed.public_key == created.public_key
     response = await device.SubmitReports(pb.SubmitReportsRequest(reports=_reports(created, 2)))
     assert response.accepted == 2
+    credentialed = stack.shuffler_as("device", operator_port=True)  # a device with a certificate
+    response = await credentialed.SubmitReports(pb.SubmitReportsRequest(reports=_reports(created, 1)))
+    assert response.accepted == 1
     channel = open_channel(stack.shuffler.address, stack.tls(None))
     stack.channels.append(channel)
     health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
