@@ -307,6 +307,7 @@ class AggregatorHandlers:
         campaign.plaintext_length = layout.plaintext_length
         campaign.ciphertext_length = layout.ciphertext_length
         campaign.created_unix = int(self._clock())
+        campaign.quota_per_source = request.quota_per_source
         try:
             await self.store.create_campaign(campaign)
         except CampaignExists:

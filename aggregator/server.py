@@ -20,6 +20,7 @@ from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.servicer import AggregatorServicer
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
+from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.service import (
     MAX_MESSAGE_BYTES,
@@ -29,11 +30,23 @@ from deniable.core.service import (
     new_server,
     run_until_signalled,
 )
+from deniable.core.tls import ServerTls, check_transport
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 SERVICE_NAME: Final = "deniable.v1.Aggregator"
 DATABASE_FILE: Final = "aggregator.sqlite3"
 log = logging.getLogger("deniable.aggregator")
+_RELAY: Final = frozenset({"shuffler", "operator"})
+ACCESS_POLICY: Final = AccessPolicy(
+    service="aggregator",
+    allowed={
+        f"/{SERVICE_NAME}/IngestBatch": frozenset({"shuffler"}),
+        f"/{SERVICE_NAME}/GetCampaign": _RELAY,
+        f"/{SERVICE_NAME}/ListCampaigns": _RELAY,
+        **{method: ANYONE for method in HEALTH_METHODS},
+    },
+)
+"""Ingest from shufflers, campaign reads for shufflers and operators; any other RPC: operator."""
 
 
 @dataclass
@@ -47,6 +60,10 @@ class AggregatorConfig:
     metrics_port: int | None = None
     store: str | None = None
     """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
+    tls: ServerTls | None = None
+    """Serve mutual TLS: every caller needs a certificate from ``tls.ca`` naming its role."""
+    insecure: bool = False
+    """Plaintext and no credential checks at all (tests only); needed by name when ``tls`` is None."""
 
 
 @dataclass
@@ -129,7 +146,9 @@ def _decrypt_pool(workers: int) -> Executor | None:
 
 
 async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
-    """Start serving; ConfigurationError (one line) for a bad data dir, keys or address."""
+    """Start serving; ConfigurationError (one line) for a bad data dir, keys, TLS files or address."""
+    check_transport(config.tls, config.insecure, "aggregator")
+    credentials = None if config.tls is None else config.tls.credentials(require_client_cert=True)
     _prepare_data_dir(config.data_dir)
     keyring = Keyring.load_or_create(config.data_dir)
     store = await open_store(config.store, config.data_dir)
@@ -138,10 +157,11 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     try:
         executor = _decrypt_pool(config.decrypt_workers)
         handlers = AggregatorHandlers(store, keyring, metrics, executor, config.decrypt_workers)
-        server = new_server(config.max_message_bytes)
+        guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
+        server = new_server(config.max_message_bytes, interceptors=[guard])
         pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
         health_servicer = add_health(server, SERVICE_NAME)
-        port = bind(server, config.listen)
+        port = bind(server, config.listen, credentials)
         await server.start()
         metrics_port = None
         if config.metrics_port is not None:
@@ -157,7 +177,12 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
             executor.shutdown(wait=False, cancel_futures=True)
         raise
     address = f"{host_of(config.listen)}:{port}"
-    log.info("aggregator listening", extra={"address": address, "pid": os.getpid()})
+    if config.insecure:
+        warn_open("the aggregator")
+    log.info(
+        "aggregator listening",
+        extra={"address": address, "pid": os.getpid(), "tls": "mutual" if config.tls else "none"},
+    )
     return RunningAggregator(
         port=port,
         address=address,

@@ -24,6 +24,7 @@ import grpc
 from deniable.core import mqtt
 from deniable.core.errors import ConfigurationError
 from deniable.core.mqtt import BrokerAddress
+from deniable.core.tls import ClientTls, ServerTls
 from deniable.v1 import deniable_pb2 as pb
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 DEFAULT_AGGREGATOR = "127.0.0.1:7700"
 DEFAULT_SHUFFLER = "127.0.0.1:7701"
+DEFAULT_SHUFFLER_OPERATOR = "127.0.0.1:7702"
+DEFAULT_QUOTA = 1000
 T = TypeVar("T")
 
 
@@ -93,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_mqtt_options(demo, "devices reach the shuffler through this MQTT broker instead of gRPC")
+    demo.add_argument("--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file")
+    demo.add_argument(
+        "--mqtt-insecure", action="store_true", help="plaintext to the MQTT broker (tests only)"
+    )
 
     aggregator = sub.add_parser("aggregator", help="the aggregator service").add_subparsers(
         dest="action", required=True
@@ -107,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="decryption processes (default: one per core; 0: no pool, a thread)",
     )
     agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_server_tls_options(agg_serve)
     agg_serve.add_argument(
         "--store",
         default=None,
@@ -123,6 +131,25 @@ def build_parser() -> argparse.ArgumentParser:
     shuf_serve.add_argument("--data-dir", type=Path, required=True)
     shuf_serve.add_argument("--upstream", default=DEFAULT_AGGREGATOR, help="aggregator address")
     shuf_serve.add_argument("--metrics-port", type=int, default=None)
+    _add_server_tls_options(shuf_serve)
+    shuf_serve.add_argument(
+        "--operator-listen",
+        default=DEFAULT_SHUFFLER_OPERATOR,
+        help="mutual-TLS port for operators and devices with certificates (default %(default)s)",
+    )
+    shuf_serve.add_argument(
+        "--upstream-ca", type=Path, default=None, help="CA of the aggregator's certificate (default --tls-ca)"
+    )
+    shuf_serve.add_argument(
+        "--quota-per-source",
+        type=int,
+        default=DEFAULT_QUOTA,
+        help="reports one address (or device certificate) may spool per campaign per window;"
+        " a campaign's own quota overrides it; 0: no limit (default %(default)s)",
+    )
+    shuf_serve.add_argument(
+        "--quota-window", type=_positive_float, default=3600.0, help="quota window in seconds (default 3600)"
+    )
     _add_mqtt_options(shuf_serve, "also take reports and announce campaigns on this MQTT broker")
     shuf_serve.add_argument(
         "--mqtt-shared",
@@ -136,7 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file"
     )
     flush = shuffler.add_parser("flush", help="forward spooled reports now")
-    flush.add_argument("--shuffler", default=DEFAULT_SHUFFLER)
+    flush.add_argument(
+        "--shuffler",
+        default=None,
+        help=f"the shuffler's operator port (default {DEFAULT_SHUFFLER_OPERATOR};"
+        f" with --insecure {DEFAULT_SHUFFLER})",
+    )
+    _add_client_tls_options(flush)
     flush.add_argument("--campaign", default="", help="only this campaign (default: all)")
     flush.add_argument("--below-n-min", action="store_true", help="also forward batches smaller than n_min")
 
@@ -165,10 +198,18 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--budget", type=float, default=0.0, help="per-device epsilon budget (default epsilon0)"
     )
+    create.add_argument(
+        "--quota-per-source",
+        type=int,
+        default=0,
+        help="reports one source may spool per window at a shuffler (default: the shuffler's)",
+    )
     create.add_argument("--json", action="store_true")
+    _add_client_tls_options(create)
     listing = campaign.add_parser("list", help="list campaigns")
     listing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     listing.add_argument("--json", action="store_true")
+    _add_client_tls_options(listing)
 
     query = sub.add_parser("query", help="ask the aggregator").add_subparsers(dest="action", required=True)
     for name, text in (("binary-sum", "estimated number of yes answers"), ("histogram", "estimated counts")):
@@ -184,24 +225,84 @@ def build_parser() -> argparse.ArgumentParser:
         )
         q.add_argument("--top-k", type=int, default=0, help="post-process: keep the K largest buckets")
         q.add_argument("--json", action="store_true")
+        _add_client_tls_options(q)
 
     keys = sub.add_parser("keys", help="aggregator keys").add_subparsers(dest="action", required=True)
     show = keys.add_parser("show", help="show public keys and ids")
     show.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     show.add_argument("--data-dir", type=Path, default=None, help="read the keyring on disk instead")
     show.add_argument("--json", action="store_true")
+    _add_client_tls_options(show)
 
     for module in _command_modules():
         module.register(sub)
     return parser
 
 
-async def _call(address: str, call: Callable[[Any], Awaitable[T]], service: str = "aggregator") -> T:
-    """Open a channel, make one call, close."""
-    from deniable.core.service import insecure_channel
+def _add_server_tls_options(parser: argparse.ArgumentParser) -> None:
+    """``--tls-cert/--tls-key/--tls-ca`` or ``--insecure`` for a service."""
+    parser.add_argument("--tls-cert", type=Path, default=None, help="this service's certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    parser.add_argument(
+        "--tls-ca", type=Path, default=None, help="the CA that issues the peers' certificates"
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext, no credentials checked: every RPC open (tests only)",
+    )
+
+
+def _add_client_tls_options(parser: argparse.ArgumentParser) -> None:
+    """``--tls-ca`` (+ ``--tls-cert/--tls-key``, the operator certificate) or ``--insecure``."""
+    parser.add_argument(
+        "--tls-ca", type=Path, default=None, help="the CA that issued the server's certificate"
+    )
+    parser.add_argument("--tls-cert", type=Path, default=None, help="client (operator) certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    parser.add_argument("--insecure", action="store_true", help="plaintext, to a service run with --insecure")
+
+
+def server_tls(args: argparse.Namespace) -> ServerTls | None:
+    """The service's TLS files from its options; one-line ConfigurationError if incomplete."""
+    given = [args.tls_cert, args.tls_key, args.tls_ca]
+    if args.insecure:
+        if any(given):
+            raise ConfigurationError("--insecure with --tls-cert/--tls-key/--tls-ca: choose one")
+        return None
+    if not all(given):
+        raise ConfigurationError(
+            "TLS needs --tls-cert, --tls-key and --tls-ca (make them with `deniable certs dev`),"
+            " or --insecure for plaintext (tests only)"
+        )
+    return ServerTls(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+
+
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """How this command reaches a service: TLS (None only with --insecure); one-line error otherwise."""
+    given = [args.tls_ca, args.tls_cert, args.tls_key]
+    if args.insecure:
+        if any(given):
+            raise ConfigurationError("--insecure with --tls-ca/--tls-cert/--tls-key: choose one")
+        return None
+    if args.tls_ca is None:
+        raise ConfigurationError(
+            "give --tls-ca (and --tls-cert/--tls-key for an operator certificate), or --insecure"
+        )
+    return ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+
+
+async def _call(
+    address: str,
+    call: Callable[[Any], Awaitable[T]],
+    service: str = "aggregator",
+    tls: ClientTls | None = None,
+) -> T:
+    """Open a channel (TLS unless ``tls`` is None: the caller said --insecure), make one call, close."""
+    from deniable.core.tls import open_channel
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-    channel = insecure_channel(address)
+    channel = open_channel(address, tls, insecure=tls is None)
     try:
         stub: Any = (
             pb_grpc.AggregatorStub(channel) if service == "aggregator" else pb_grpc.ShufflerStub(channel)
@@ -242,6 +343,25 @@ def _add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def _mqtt_tls(ca: Path | None) -> ssl.SSLContext | None:
+    """A context verifying the broker against ``ca`` (None: no CA given)."""
+    if ca is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot use {ca} as the MQTT broker's CA: {exc}") from exc
+
+
+def _demo_broker(args: argparse.Namespace) -> BrokerAddress | None:
+    """The demo's broker: TLS with ``--mqtt-ca``, plaintext only with ``--mqtt-insecure``."""
+    if args.mqtt is None:
+        return None
+    if (args.mqtt_ca is None) == (not args.mqtt_insecure):
+        raise ConfigurationError("with --mqtt give --mqtt-ca (TLS to the broker) or --mqtt-insecure")
+    return dataclasses.replace(BrokerAddress.parse(args.mqtt), tls=_mqtt_tls(args.mqtt_ca))
+
+
 def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
     """The shuffler's MQTT face from its options; ConfigurationError (one line) when unusable."""
     if args.mqtt is None:
@@ -249,12 +369,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
     from deniable.shuffler.mqtt import MqttIngressConfig
 
     broker = BrokerAddress.parse(args.mqtt)
-    tls = None
-    if args.mqtt_ca is not None:
-        try:
-            tls = ssl.create_default_context(cafile=str(args.mqtt_ca))
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigurationError(f"cannot use {args.mqtt_ca} as the MQTT broker's CA: {exc}") from exc
+    tls = _mqtt_tls(args.mqtt_ca)
     password = os.environ.get("DENIABLE_MQTT_PASSWORD")
     broker = dataclasses.replace(broker, username=args.mqtt_username, password=password, tls=tls)
     return MqttIngressConfig(
@@ -281,8 +396,9 @@ def _run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             target_epsilon=args.target_epsilon,
             delta=args.delta,
-            mqtt_broker=None if args.mqtt is None else BrokerAddress.parse(args.mqtt),
+            mqtt_broker=_demo_broker(args),
             mqtt_prefix=args.mqtt_prefix,
+            mqtt_insecure=args.mqtt_insecure,
         )
         return 0
     if args.command == "aggregator":
@@ -299,6 +415,8 @@ def _run(args: argparse.Namespace) -> int:
                     ),
                     metrics_port=args.metrics_port,
                     store=args.store,
+                    tls=server_tls(args),
+                    insecure=args.insecure,
                 )
             )
         )
@@ -314,14 +432,22 @@ def _run(args: argparse.Namespace) -> int:
                     listen=args.listen,
                     metrics_port=args.metrics_port,
                     mqtt=_mqtt_ingress(args),
+                    tls=server_tls(args),
+                    insecure=args.insecure,
+                    operator_listen=None if args.insecure else args.operator_listen,
+                    upstream_ca=args.upstream_ca,
+                    quota_per_source=args.quota_per_source,
+                    quota_window_s=args.quota_window,
                 )
             )
         )
         return 0
     if args.command == "shuffler" and args.action == "flush":
         request = pb.FlushRequest(campaign_id=args.campaign, below_n_min=args.below_n_min)
+        tls = client_tls(args)
+        target = args.shuffler or (DEFAULT_SHUFFLER if tls is None else DEFAULT_SHUFFLER_OPERATOR)
         flushed: pb.FlushResponse = asyncio.run(
-            _call(args.shuffler, lambda s: s.Flush(request, timeout=300), "shuffler")
+            _call(target, lambda s: s.Flush(request, timeout=300), "shuffler", tls)
         )
         print(
             f"forwarded {flushed.reports_forwarded} reports in {flushed.batches_forwarded} batches;"
@@ -346,9 +472,15 @@ def _run(args: argparse.Namespace) -> int:
             delta=args.delta,
             n_min=args.n_min,
             device_budget_epsilon=args.budget,
+            quota_per_source=args.quota_per_source,
         )
+        tls = client_tls(args)
         created: pb.Campaign = asyncio.run(
-            _call(args.aggregator, lambda s: s.CreateCampaign(create, timeout=300 if args.expected_n else 30))
+            _call(
+                args.aggregator,
+                lambda s: s.CreateCampaign(create, timeout=300 if args.expected_n else 30),
+                tls=tls,
+            )
         )
         if args.json:
             _print_json(_campaign_dict(created))
@@ -367,7 +499,11 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "campaign" and args.action == "list":
         listed: pb.ListCampaignsResponse = asyncio.run(
-            _call(args.aggregator, lambda s: s.ListCampaigns(pb.ListCampaignsRequest(), timeout=30))
+            _call(
+                args.aggregator,
+                lambda s: s.ListCampaigns(pb.ListCampaignsRequest(), timeout=30),
+                tls=client_tls(args),
+            )
         )
         if args.json:
             _print_json([_campaign_dict(c) for c in listed.campaigns])
@@ -388,8 +524,13 @@ def _run(args: argparse.Namespace) -> int:
             ),
         )
         binary = args.action == "binary-sum"
+        tls = client_tls(args)
         answer: pb.QueryResponse = asyncio.run(
-            _call(args.aggregator, lambda s: (s.BinarySum if binary else s.Histogram)(query, timeout=60))
+            _call(
+                args.aggregator,
+                lambda s: (s.BinarySum if binary else s.Histogram)(query, timeout=60),
+                tls=tls,
+            )
         )
         if args.json:
             _print_json(answer_json(answer))
@@ -410,8 +551,9 @@ def _run(args: argparse.Namespace) -> int:
 
             infos = Keyring.load_or_create(args.data_dir, create=False).infos()
         else:
+            tls = client_tls(args)
             keys: pb.ListKeysResponse = asyncio.run(
-                _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30))
+                _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=tls)
             )
             infos = list(keys.keys)
         rows = [

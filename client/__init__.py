@@ -11,6 +11,7 @@ from deniable.client.reporter import (
 )
 from deniable.client.sync import SyncReporter
 from deniable.client.transport import GrpcTransport, InMemoryTransport, Transport, TransportError
+from deniable.core.tls import ClientTls
 
 __all__ = [
     "BudgetExceeded",
@@ -18,6 +19,7 @@ __all__ = [
     "CampaignClosed",
     "CampaignInvalid",
     "CampaignUnavailable",
+    "ClientTls",
     "GrpcTransport",
     "InMemoryTransport",
     "Outbox",

@@ -73,11 +73,15 @@ def _probe(address: str) -> None:
         raise ConfigurationError(f"cannot listen on {address}: {exc.strerror or exc}") from None
 
 
-def bind(server: grpc.aio.Server, address: str) -> int:
-    """Bind an insecure port; ConfigurationError with one line if it cannot be had."""
+def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
+    """Bind a TLS port (plaintext when ``credentials`` is None); ConfigurationError if it cannot be had."""
     _probe(address)
     try:
-        port = server.add_insecure_port(address)
+        port = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
     except RuntimeError as exc:
         raise ConfigurationError(f"cannot listen on {address}: {exc}") from exc
     if port == 0:

@@ -39,6 +39,11 @@ class ShufflerMetrics(ServiceMetrics):
             "IngestBatch attempts that did not succeed (the batch is kept and retried).",
             registry=self.registry,
         )
+        self.quota_refusals = Counter(
+            "deniable_shuffler_quota_refusals",
+            "SubmitReports requests refused because their source was over its quota (nothing spooled).",
+            registry=self.registry,
+        )
         self.requests_failed = Counter(
             "deniable_shuffler_requests_failed",
             "RPCs answered with a non-OK status, by RPC and status code.",

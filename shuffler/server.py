@@ -13,13 +13,16 @@ import grpc
 from grpc_health.v1 import health
 
 from deniable.core import service
+from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
+from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.mqtt import MqttIngress, MqttIngressConfig
+from deniable.shuffler.quota import DEFAULT_QUOTA_PER_SOURCE, DEFAULT_WINDOW_S, SourceQuota
 from deniable.shuffler.rawsubmit import RawSubmitInterceptor
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
@@ -32,6 +35,15 @@ log = logging.getLogger("deniable.shuffler")
 SERVICE_NAME: Final = "deniable.v1.Shuffler"
 SPOOL_FILE: Final = "spool.sqlite3"
 SPOOLS: Final = ("segments", "rows")
+ACCESS_POLICY: Final = AccessPolicy(
+    service="shuffler",
+    allowed={
+        f"/{SERVICE_NAME}/GetCampaign": ANYONE,
+        f"/{SERVICE_NAME}/SubmitReports": ANYONE,
+        **{method: ANYONE for method in HEALTH_METHODS},
+    },
+)
+"""Devices reach GetCampaign, SubmitReports and health; any other RPC needs the operator role."""
 
 
 def open_spool(kind: str, path: Path) -> SqliteSpool | SegmentSpool:
@@ -64,6 +76,19 @@ class ShufflerConfig:
     """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
     mqtt: MqttIngressConfig | None = None
     """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
+    tls: ServerTls | None = None
+    """TLS on the device port, mutual TLS on ``operator_listen``; the certificate is also the
+    shuffler's client certificate towards the aggregator."""
+    insecure: bool = False
+    """Plaintext everywhere and no credential checks (tests only); needed by name when ``tls`` is None."""
+    operator_listen: str | None = None
+    """The mutual-TLS port for operators (Flush, Stats) and devices with credentials (TLS only)."""
+    upstream_ca: Path | None = None
+    """The CA of the aggregator's certificate when it is not ``tls.ca``."""
+    quota_per_source: int = DEFAULT_QUOTA_PER_SOURCE
+    """Reports one source address (or device credential) may spool per campaign per window; 0: no limit.
+    A campaign's ``quota_per_source`` overrides it."""
+    quota_window_s: float = DEFAULT_WINDOW_S
 
 
 @dataclass
@@ -76,6 +101,8 @@ class RunningShuffler:
     metrics: ShufflerMetrics
     metrics_port: int | None
     _server: grpc.aio.Server = field(repr=False)
+    operator_port: int | None = field(default=None, kw_only=True)
+    operator_address: str | None = field(default=None, kw_only=True)
     _health: health.HealthServicer = field(repr=False)
     _pipeline: Pipeline = field(repr=False)
     _directory: CampaignDirectory = field(repr=False)
@@ -112,6 +139,21 @@ def _connect_address(listen: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def _credentials(
+    config: ShufflerConfig,
+) -> tuple[grpc.ServerCredentials | None, grpc.ServerCredentials | None, ClientTls | None]:
+    """(device port, operator port, towards the aggregator); all None when insecure."""
+    if config.tls is None:
+        if config.operator_listen is not None:
+            raise ConfigurationError("--operator-listen needs TLS (insecure, every RPC is on --listen)")
+        return None, None, None
+    return (
+        config.tls.credentials(require_client_cert=False),
+        config.tls.credentials(require_client_cert=True),
+        config.tls.as_client(config.upstream_ca),
+    )
+
+
 async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     """Open the spool, bind, start serving and the background loop.
 
@@ -124,10 +166,15 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         raise ConfigurationError(f"cannot use data directory {config.data_dir}: {exc}") from exc
     if config.spool not in SPOOLS:
         raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
+    check_transport(config.tls, config.insecure, "shuffler")
+    if config.quota_per_source < 0 or not config.quota_window_s > 0:
+        raise ConfigurationError("the quota must be >= 0 reports (0: no limit) over a window > 0 s")
+    device_credentials, operator_credentials, upstream_tls = _credentials(config)
     store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
     metrics = ShufflerMetrics()
-    channel = service.insecure_channel(config.upstream)
-    server = service.new_server(config.max_message_bytes, interceptors=[RawSubmitInterceptor()])
+    channel = open_channel(config.upstream, upstream_tls, insecure=config.insecure)
+    guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
+    server = service.new_server(config.max_message_bytes, interceptors=[guard, RawSubmitInterceptor()])
     try:
         upstream = deniable_pb2_grpc.AggregatorStub(channel)
         directory = CampaignDirectory(
@@ -158,10 +205,14 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             pipeline,
             metrics,
             max_reports_per_request=config.max_reports_per_request,
+            quota=SourceQuota(config.quota_per_source, config.quota_window_s),
         )
         deniable_pb2_grpc.add_ShufflerServicer_to_server(ShufflerServicer(handlers, metrics), server)
         health_servicer = service.add_health(server, SERVICE_NAME)
-        port = service.bind(server, config.listen)
+        port = service.bind(server, config.listen, device_credentials)
+        operator_port = None
+        if config.operator_listen is not None and operator_credentials is not None:
+            operator_port = service.bind(server, config.operator_listen, operator_credentials)
         metrics_port = metrics.serve_http(config.metrics_port) if config.metrics_port is not None else None
         await server.start()
     except BaseException:
@@ -176,7 +227,20 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         ingress = MqttIngress(handlers, metrics, config.mqtt)
         ingress.start()  # connects (and reconnects) in the background; a broker down is not fatal
     address = _connect_address(config.listen, port)
-    log.info("shuffler listening", extra={"address": address, "upstream": config.upstream})
+    operator_address = (
+        None if operator_port is None else _connect_address(config.operator_listen or "", operator_port)
+    )
+    if config.insecure:
+        warn_open("the shuffler")
+    log.info(
+        "shuffler listening",
+        extra={
+            "address": address,
+            "operator_address": operator_address,
+            "upstream": config.upstream,
+            "tls": "on" if config.tls else "none",
+        },
+    )
     return RunningShuffler(
         port=port,
         address=address,
@@ -190,6 +254,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         _channel=channel,
         _store=store,
         mqtt=ingress,
+        operator_port=operator_port,
+        operator_address=operator_address,
     )
 
 

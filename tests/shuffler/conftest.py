@@ -177,6 +177,8 @@ async def start(tmp_path: Path, upstream: Upstream) -> AsyncIterator[ShufflerFac
             "retry_base_s": 0.05,
             "retry_max_s": 0.2,
             "campaign_refresh_s": 0.5,
+            "insecure": True,  # tests of spool and batching; TLS: tests/e2e/test_trust_boundaries.py
+            "quota_per_source": 0,  # many reports from 127.0.0.1; quotas: tests/shuffler/test_quota.py
         }
         settings.update(overrides)
         shuffler = await start_shuffler(ShufflerConfig(**settings))

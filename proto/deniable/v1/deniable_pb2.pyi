@@ -182,6 +182,7 @@ class Campaign(google.protobuf.message.Message):
     TARGET_EPSILON_FIELD_NUMBER: builtins.int
     EXPECTED_N_FIELD_NUMBER: builtins.int
     PARAMS_FIELD_NUMBER: builtins.int
+    QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
     id: builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: builtins.str
@@ -219,6 +220,10 @@ class Campaign(google.protobuf.message.Message):
     """0 when the campaign was created from epsilon0 directly"""
     expected_n: builtins.int
     """planning assumption for target_epsilon"""
+    quota_per_source: builtins.int
+    """--- tls ---
+    reports one source address (or device credential) may spool
+    """
     @property
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -251,8 +256,9 @@ class Campaign(google.protobuf.message.Message):
         target_epsilon: builtins.float = ...,
         expected_n: builtins.int = ...,
         params: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
+        quota_per_source: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___Campaign: typing_extensions.TypeAlias = Campaign
 
@@ -604,6 +610,7 @@ class CreateCampaignRequest(google.protobuf.message.Message):
     PARAMS_FIELD_NUMBER: builtins.int
     TARGET_EPSILON_FIELD_NUMBER: builtins.int
     EXPECTED_N_FIELD_NUMBER: builtins.int
+    QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
     id: builtins.str
     question: builtins.str
     kind: Global___DomainKind.ValueType
@@ -622,6 +629,10 @@ class CreateCampaignRequest(google.protobuf.message.Message):
     target_epsilon: builtins.float
     """with expected_n: plan epsilon0 (and mechanism if unset) from a central target"""
     expected_n: builtins.int
+    quota_per_source: builtins.int
+    """--- tls ---
+    per-source quota at shufflers; 0: each shuffler's default
+    """
     @property
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """required for CATEGORICAL, ignored for BINARY"""
@@ -647,8 +658,9 @@ class CreateCampaignRequest(google.protobuf.message.Message):
         params: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
         target_epsilon: builtins.float = ...,
         expected_n: builtins.int = ...,
+        quota_per_source: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___CreateCampaignRequest: typing_extensions.TypeAlias = CreateCampaignRequest
 
