@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.core.service import insecure_channel
+from deniable.core.certs import DEV_ROLES, write_dev_certs
+from deniable.core.tls import ClientTls, ServerTls, open_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
@@ -24,6 +25,7 @@ class Services:
     shuffler_address: str
     operator: pb_grpc.AggregatorAsyncStub
     campaigns: list[pb.Campaign]
+    certs: Path
     flush: Callable[[], Awaitable[pb.FlushResponse]]
 
 
@@ -58,19 +60,33 @@ def categorical_campaign(campaign_id: str, labels: Sequence[str], n_min: int = 1
 async def running_services(
     workdir: Path, requests: Sequence[pb.CreateCampaignRequest]
 ) -> AsyncIterator[Services]:
-    """Start an aggregator and a shuffler (plaintext loopback), create ``requests``, stop after."""
+    """Start an aggregator and a shuffler (TLS on loopback, development certificates in
+    ``workdir/certs``: devices verify the shuffler with ``certs/ca.pem``), create ``requests``."""
+    certs = write_dev_certs(workdir / "certs", roles=DEV_ROLES)
+
+    def served(role: str) -> ServerTls:
+        return ServerTls(certs.cert(role), certs.key(role), certs.ca)
+
     aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=workdir / "aggregator", listen="127.0.0.1:0")
+        AggregatorConfig(data_dir=workdir / "aggregator", listen="127.0.0.1:0", tls=served("aggregator"))
     )
     try:
         shuffler = await start_shuffler(
-            ShufflerConfig(data_dir=workdir / "shuffler", upstream=aggregator.address, listen="127.0.0.1:0")
+            ShufflerConfig(
+                data_dir=workdir / "shuffler",
+                upstream=aggregator.address,
+                listen="127.0.0.1:0",
+                tls=served("shuffler"),
+            )
         )
         try:
-            channel = insecure_channel(aggregator.address)
+            operator_tls = ClientTls(certs.ca, certs.cert("operator"), certs.key("operator"))
+            channel = open_channel(aggregator.address, operator_tls)
             operator = pb_grpc.AggregatorStub(channel)
             created = [await operator.CreateCampaign(request, timeout=120) for request in requests]
-            yield Services(aggregator.address, shuffler.address, operator, created, shuffler.flush)
+            yield Services(
+                aggregator.address, shuffler.address, operator, created, certs.directory, shuffler.flush
+            )
             await channel.close()
         finally:
             await shuffler.stop()

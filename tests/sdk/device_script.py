@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.abc
 import json
 import sys
+from pathlib import Path
 
 SERVER_ONLY = (
     "numpy",
@@ -32,13 +33,14 @@ class _Block(importlib.abc.MetaPathFinder):
 
 def main() -> None:
     """Send one report and say what was acknowledged and which server packages got imported."""
-    address, campaign_id, outbox_path, value = sys.argv[1:5]
-    if "--block" in sys.argv[5:]:
+    address, campaign_id, outbox_path, value, ca = sys.argv[1:6]
+    if "--block" in sys.argv[6:]:
         sys.meta_path.insert(0, _Block())
-    from deniable.client import GrpcTransport, Outbox, SyncReporter
+    from deniable.client import ClientTls, GrpcTransport, Outbox, SyncReporter
 
     outbox = Outbox(outbox_path)
-    with SyncReporter.fetch(campaign_id, GrpcTransport(address), outbox, give_up_after_s=30) as reporter:
+    transport = GrpcTransport(address, tls=ClientTls(ca=Path(ca)))
+    with SyncReporter.fetch(campaign_id, transport, outbox, give_up_after_s=30) as reporter:
         reporter.record(int(value))
         result = reporter.send_pending()
     outbox.close()

@@ -32,6 +32,7 @@ async def _send(python: str, services: Services, tmp_path: Path, *extra: str) ->
         "bare-sdk",
         str(tmp_path / "outbox.db"),
         "1",
+        str(services.certs / "ca.pem"),
         *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -9,7 +9,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from deniable.client import GrpcTransport
+from deniable.client import ClientTls, GrpcTransport
 from deniable.v1 import deniable_pb2 as pb
 from tests.sdk_services import binary_campaign, categorical_campaign, counted, running_services
 
@@ -60,7 +60,7 @@ async def test_reports_sealed_by_the_independent_client_are_counted(tmp_path: Pa
     make them UNDECRYPTABLE, MALFORMED_PLAINTEXT or WRONG_CIPHERTEXT_LENGTH)."""
     requests = [categorical_campaign("indep-grr", ["a", "b", "c", "d"]), binary_campaign("indep-rr")]
     async with running_services(tmp_path, requests) as services:
-        transport = GrpcTransport(services.shuffler_address)
+        transport = GrpcTransport(services.shuffler_address, tls=ClientTls(ca=services.certs / "ca.pem"))
         for campaign in services.campaigns:
             mechanism = "grr" if campaign.mechanism == pb.GRR else "binary_rr"
             reports = []

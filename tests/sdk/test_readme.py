@@ -39,6 +39,7 @@ async def test_readme_snippets_run_and_their_reports_are_counted(tmp_path: Path)
         for number, snippet in enumerate(snippets):
             workdir = tmp_path / f"snippet{number}"
             workdir.mkdir()
+            (workdir / "certs").symlink_to(services.certs)
             code = snippet.replace(WRITTEN_ADDRESS, services.shuffler_address)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
