@@ -7,6 +7,8 @@ decrypts. Accepted reports are spooled in one durable transaction before the res
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,6 +25,8 @@ from deniable.shuffler.rawsubmit import RawSubmit
 from deniable.shuffler.segments import ColumnReports
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
+
+log = logging.getLogger("deniable.shuffler")
 
 __all__ = ["InvalidRequest", "NotFound", "ShufflerError", "ShufflerHandlers", "Unavailable"]
 
@@ -76,6 +80,8 @@ class ShufflerHandlers:
         self._metrics = metrics
         self._max_reports = max_reports_per_request
         self._wall_clock = wall_clock
+        self.spool_failure: str | None = None
+        """Why the last spool write failed; health clears it once a probe write succeeds."""
 
     async def submit(self, request: pb.SubmitReportsRequest | RawSubmit) -> pb.SubmitReportsResponse:
         """Validate every envelope, spool the accepted ones durably, list the rejected ones.
@@ -155,7 +161,7 @@ class ShufflerHandlers:
                 assert verdict is not None
                 response.rejected.add(index=index, reason=verdict[0], detail=verdict[1])
         columns = ColumnReports([(c, keys, texts) for c, (keys, texts) in accepted.items()])
-        await asyncio.to_thread(self.store.append, columns)
+        await self._spool(columns)
         for campaign_id in accepted:
             self._batcher.note_arrival(campaign_id)
         response.accepted = len(columns)
@@ -163,6 +169,16 @@ class ShufflerHandlers:
         for reason, rejected in Counter(r.reason for r in response.rejected).items():
             self._metrics.reports_rejected.labels(reason=pb.RejectReason.Name(reason)).inc(rejected)
         return response
+
+    async def _spool(self, columns: ColumnReports) -> None:
+        """Append durably; a write that fails (disk full) is UNAVAILABLE and marks the spool unwritable."""
+        try:
+            await asyncio.to_thread(self.store.append, columns)
+        except (OSError, sqlite3.Error) as exc:
+            self.spool_failure = f"the spool cannot be written: {type(exc).__name__}: {str(exc)[:200]}"
+            log.error("%s", self.spool_failure)
+            self._metrics.spool_write_failures.inc()
+            raise Unavailable("the spool cannot be written now; nothing was accepted, retry later") from None
 
     async def _submit_uniform(self, request: RawSubmit) -> pb.SubmitReportsResponse | None:
         """Accept a request of one campaign's well-formed reports as columns; None: not that shape.
@@ -187,7 +203,7 @@ class ShufflerHandlers:
             or (campaign.window_end_unix and self._wall_clock() >= campaign.window_end_unix)
         ):
             return None
-        await asyncio.to_thread(self.store.append, ColumnReports.of(campaign_id, columns))
+        await self._spool(ColumnReports.of(campaign_id, columns))
         self._batcher.note_arrival(campaign_id)
         self._metrics.reports_accepted.inc(columns.count)
         return pb.SubmitReportsResponse(accepted=columns.count)

@@ -10,14 +10,17 @@ from pathlib import Path
 from typing import Final
 
 import grpc
-from grpc_health.v1 import health
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
 
 from deniable.core import service
 from deniable.core.errors import ConfigurationError
+from deniable.core.health import HealthMonitor
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
+from deniable.shuffler.health import DEFAULT_UPSTREAM_GRACE_S, UpstreamCheck, spool_check
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.mqtt import MqttIngress, MqttIngressConfig
 from deniable.shuffler.rawsubmit import RawSubmitInterceptor
@@ -64,6 +67,10 @@ class ShufflerConfig:
     """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
     mqtt: MqttIngressConfig | None = None
     """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
+    upstream_grace_s: float = DEFAULT_UPSTREAM_GRACE_S
+    """NOT_SERVING once the upstream has not answered as an aggregator for this long (and until its first answer)."""
+    health_interval_s: float = 1.0
+    """How often health re-checks the spool directory and the upstream."""
 
 
 @dataclass
@@ -76,7 +83,9 @@ class RunningShuffler:
     metrics: ShufflerMetrics
     metrics_port: int | None
     _server: grpc.aio.Server = field(repr=False)
-    _health: health.HealthServicer = field(repr=False)
+    _health: health_aio.HealthServicer = field(repr=False)
+    monitor: HealthMonitor = field(repr=False)
+    _lock: service.DataDirLock = field(repr=False)
     _pipeline: Pipeline = field(repr=False)
     _directory: CampaignDirectory = field(repr=False)
     _channel: grpc.aio.Channel = field(repr=False)
@@ -93,7 +102,8 @@ class RunningShuffler:
         if self._stopped:
             return
         self._stopped = True
-        self._health.enter_graceful_shutdown()
+        await self.monitor.stop()
+        await self._health.enter_graceful_shutdown()
         if self.mqtt is not None:
             await self.mqtt.stop()
         await self._server.stop(grace)
@@ -102,6 +112,7 @@ class RunningShuffler:
         await self._channel.close()
         self.metrics.stop_http()
         await asyncio.to_thread(self._store.close)
+        self._lock.release()
         log.info("shuffler stopped")
 
 
@@ -115,19 +126,36 @@ def _connect_address(listen: str, port: int) -> str:
 async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     """Open the spool, bind, start serving and the background loop.
 
-    ConfigurationError (one line) if the port is taken or the data directory is unusable; an
-    unreachable upstream is not an error (batches wait, campaign look-ups retry).
+    ConfigurationError (one line) if the port is taken or the data directory is unusable or in
+    use (a failed start removes what it created); an unreachable upstream is not an error (batches
+    wait, campaign look-ups retry) but keeps health NOT_SERVING until it answers.
     """
+    if config.spool not in SPOOLS:
+        raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
+    leftovers = service.Leftovers(config.data_dir)
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigurationError(f"cannot use data directory {config.data_dir}: {exc}") from exc
-    if config.spool not in SPOOLS:
-        raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
-    store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
+    try:
+        lock = service.DataDirLock(config.data_dir)
+    except ConfigurationError:
+        leftovers.remove()
+        raise
+    try:
+        store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
+    except BaseException:
+        lock.release()
+        leftovers.remove()
+        raise
     metrics = ShufflerMetrics()
     channel = service.insecure_channel(config.upstream)
-    server = service.new_server(config.max_message_bytes, interceptors=[RawSubmitInterceptor()])
+    server = service.new_server(
+        config.max_message_bytes,
+        interceptors=[RawSubmitInterceptor()],
+        on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
+    )
+    monitor: HealthMonitor | None = None
     try:
         upstream = deniable_pb2_grpc.AggregatorStub(channel)
         directory = CampaignDirectory(
@@ -160,15 +188,32 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             max_reports_per_request=config.max_reports_per_request,
         )
         deniable_pb2_grpc.add_ShufflerServicer_to_server(ShufflerServicer(handlers, metrics), server)
-        health_servicer = service.add_health(server, SERVICE_NAME)
+        health_servicer = await service.add_health(
+            server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        checks = {
+            "spool": spool_check(config.data_dir, handlers),
+            "upstream": UpstreamCheck(
+                channel, config.upstream, config.upstream_grace_s, config.upstream_deadline_s
+            ),
+        }
+        monitor = HealthMonitor(
+            health_servicer, [SERVICE_NAME], checks, metrics.registry, "deniable_shuffler", config.health_interval_s
+        )
         port = service.bind(server, config.listen)
         metrics_port = metrics.serve_http(config.metrics_port) if config.metrics_port is not None else None
+        await monitor.check_now()  # the first answer is already the truth
         await server.start()
+        monitor.start()
     except BaseException:
+        if monitor is not None:
+            await monitor.stop()
         await server.stop(None)
         await channel.close()
         metrics.stop_http()
         await asyncio.to_thread(store.close)
+        lock.release()
+        leftovers.remove()
         raise
     pipeline.start()
     ingress = None
@@ -185,6 +230,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         metrics_port=metrics_port,
         _server=server,
         _health=health_servicer,
+        monitor=monitor,
+        _lock=lock,
         _pipeline=pipeline,
         _directory=directory,
         _channel=channel,
