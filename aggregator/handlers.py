@@ -46,7 +46,7 @@ from deniable.v1 import deniable_pb2 as pb
 MAX_EPSILON0: Final = 20.0
 MIN_EPSILON0: Final = 1e-3
 """Smaller local (or target) epsilons give estimates no one can use and break later arithmetic."""
-MAX_EXPECTED_N: Final = 10**9
+MAX_EXPECTED_N: Final = planner.MAX_N
 """Planning cost grows with n; no shuffle this system runs holds more reports."""
 MAX_PLAN_S: Final = 120.0
 """Planning runs in a process of its own, killed at this limit or at the caller's deadline."""

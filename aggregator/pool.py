@@ -59,6 +59,12 @@ class DecryptPool:
         self.broken: str | None = None
         """Why the last rebuild failed (None while the pool works)."""
 
+    async def warm_up(self) -> None:
+        """Start every worker now (a pool starts them lazily) and prove they run."""
+        loop = asyncio.get_running_loop()
+        work = [loop.run_in_executor(self.executor, os.getpid) for _ in range(self.workers)]
+        await asyncio.wait_for(asyncio.gather(*work), WARM_UP_TIMEOUT_S)
+
     async def heal(self, failed: Executor) -> None:
         """Replace ``failed`` (if no one did already) and prove the new workers start; PoolUnavailable."""
         async with self._lock:

@@ -183,6 +183,8 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         keyring = Keyring.load_or_create(config.data_dir)
         store = await open_store(config.store, config.data_dir)
         executor = _decrypt_pool(config.decrypt_workers, metrics)
+        if executor is not None:
+            await executor.warm_up()
         handlers = AggregatorHandlers(store, keyring, metrics, executor, config.decrypt_workers)
         server, health_servicer, monitor, port = await _serve(config, store, handlers, metrics)
         metrics_port = None

@@ -13,11 +13,28 @@ if TYPE_CHECKING:
     from deniable.core.mechanisms.base import LocalRandomiser
 
 
+MAX_N = 10**9  # deniable.core.accounting.planner.MAX_N (not imported: parsing stays light)
+MAX_DOMAIN = 4096  # deniable.core.accounting.planner.MAX_DOMAIN
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def _shuffle_n(text: str) -> int:
+    """A number of reports: an integer (1e6 notation accepted) in 1..MAX_N, bounding cost and memory."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}") from None
+    if not (math.isfinite(number) and number == int(number) and number >= 1):
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    if number > MAX_N:
+        raise argparse.ArgumentTypeError(f"at most {MAX_N:.0e} reports are supported, got {text}")
+    return int(number)
 
 
 def _positive_float(text: str) -> float:
@@ -36,8 +53,8 @@ def _probability(text: str) -> float:
 
 def _domain(text: str) -> int:
     value = int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"a domain has at least 2 values, got {text}")
+    if not 2 <= value <= MAX_DOMAIN:
+        raise argparse.ArgumentTypeError(f"a domain has 2 to {MAX_DOMAIN} values, got {text}")
     return value
 
 
@@ -54,7 +71,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     plan.add_argument("--target-epsilon", type=_positive_float, required=True, help="central ε to meet")
     plan.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
-    plan.add_argument("--n", type=_positive_int, required=True, help="reports shuffled together")
+    plan.add_argument("--n", type=_shuffle_n, required=True, help="reports shuffled together")
     plan.add_argument("--domain", type=_domain, required=True, help="number of categories k (2: binary)")
     plan.add_argument(
         "--mechanism", action="append", default=None, help="only this mechanism (repeatable; default all)"
@@ -65,7 +82,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     amplify = privacy.add_parser("amplify", help="central (ε, δ) of n shuffled reports, by every analysis")
     amplify.add_argument("--mechanism", required=True)
     amplify.add_argument("--epsilon0", type=_positive_float, required=True)
-    amplify.add_argument("--n", type=_positive_int, required=True)
+    amplify.add_argument("--n", type=_shuffle_n, required=True)
     amplify.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
     amplify.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
     amplify.add_argument("--json", action="store_true")
@@ -77,7 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     profile.add_argument(
         "--epsilon0", type=_positive_float, required=True, help="local ε0 (shuffle-only: the central target)"
     )
-    profile.add_argument("--n", type=_positive_int, required=True, help="devices shuffled together")
+    profile.add_argument("--n", type=_shuffle_n, required=True, help="devices shuffled together")
     profile.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
     profile.add_argument(
         "--delta",
@@ -87,7 +104,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     profile.add_argument(
         "--expected-n",
-        type=_positive_int,
+        type=_shuffle_n,
         default=None,
         help="shuffle-only protocols: planned n (default --n)",
     )
