@@ -438,7 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging(args.log_level)
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handlers below, not at exit
+        return code
     except ConfigurationError as exc:
         print(f"deniable: configuration error: {exc}", file=sys.stderr)
         return 2
