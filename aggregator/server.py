@@ -150,14 +150,23 @@ async def _serve(
     config: AggregatorConfig, store: AggregatorStore, handlers: AggregatorHandlers, metrics: AggregatorMetrics
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, HealthMonitor, int]:
     """Build, bind and start the gRPC server with truthful health (NOT_SERVING until checked)."""
-    server = new_server(config.max_message_bytes, on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc())
+    server = new_server(
+        config.max_message_bytes, on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc()
+    )
     pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
-    health_servicer = await add_health(server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_servicer = await add_health(
+        server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     checks = {"store": _store_check(store)}
     if handlers.pool is not None:
         checks["decrypt_workers"] = handlers.pool.check
     monitor = HealthMonitor(
-        health_servicer, [SERVICE_NAME], checks, metrics.registry, "deniable_aggregator", config.health_interval_s
+        health_servicer,
+        [SERVICE_NAME],
+        checks,
+        metrics.registry,
+        "deniable_aggregator",
+        config.health_interval_s,
     )
     port = bind(server, config.listen)
     await monitor.check_now()

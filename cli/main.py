@@ -438,9 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging(args.log_level)
     try:
-        code = _run(args)
+        status = _run(args)
         sys.stdout.flush()  # a closed pipe fails here, inside the handlers below, not at exit
-        return code
+        return status
     except ConfigurationError as exc:
         print(f"deniable: configuration error: {exc}", file=sys.stderr)
         return 2

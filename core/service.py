@@ -176,7 +176,9 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
     async def _refuse(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if self._on_malformed is not None:
             self._on_malformed(method)
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {method} request: not valid protobuf")
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"malformed {method} request: not valid protobuf"
+        )
 
     def _guard_unary(self, behaviour: Any, method: str) -> Any:
         async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:

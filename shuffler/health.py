@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Final
 
 import grpc
-
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from deniable.shuffler.handlers import ShufflerHandlers
@@ -91,7 +90,4 @@ class UpstreamCheck:
         if self.last_answer is None:
             return f"upstream {self._address} {self.last_problem}"
         silent = self._clock() - self.last_answer
-        return (
-            f"upstream {self._address} {self.last_problem} for {silent:.0f} s"
-            f" (grace {self._grace:g} s)"
-        )
+        return f"upstream {self._address} {self.last_problem} for {silent:.0f} s (grace {self._grace:g} s)"

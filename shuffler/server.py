@@ -15,7 +15,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from deniable.core import service
 from deniable.core.errors import ConfigurationError
-from deniable.core.health import HealthMonitor
+from deniable.core.health import Check, HealthMonitor
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
@@ -68,7 +68,7 @@ class ShufflerConfig:
     mqtt: MqttIngressConfig | None = None
     """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
     upstream_grace_s: float = DEFAULT_UPSTREAM_GRACE_S
-    """NOT_SERVING once the upstream has not answered as an aggregator for this long (and until its first answer)."""
+    """NOT_SERVING while the upstream has not answered as an aggregator for this long (or ever)."""
     health_interval_s: float = 1.0
     """How often health re-checks the spool directory and the upstream."""
 
@@ -191,14 +191,19 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         health_servicer = await service.add_health(
             server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        checks = {
+        checks: dict[str, Check] = {
             "spool": spool_check(config.data_dir, handlers),
             "upstream": UpstreamCheck(
                 channel, config.upstream, config.upstream_grace_s, config.upstream_deadline_s
             ),
         }
         monitor = HealthMonitor(
-            health_servicer, [SERVICE_NAME], checks, metrics.registry, "deniable_shuffler", config.health_interval_s
+            health_servicer,
+            [SERVICE_NAME],
+            checks,
+            metrics.registry,
+            "deniable_shuffler",
+            config.health_interval_s,
         )
         port = service.bind(server, config.listen)
         metrics_port = metrics.serve_http(config.metrics_port) if config.metrics_port is not None else None

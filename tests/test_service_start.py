@@ -37,8 +37,17 @@ def _free_port() -> int:
 
 def _serve_aggregator(data_dir: Path, port: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*CLI, "aggregator", "serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
-         "--decrypt-workers", "0"],  # fmt: skip
+        [
+            *CLI,
+            "aggregator",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--decrypt-workers",
+            "0",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -128,8 +137,10 @@ def test_two_services_on_one_data_directory_are_refused(tmp_path: Path) -> None:
         assert "in use by another service" in line and str(first.pid) in line
         shuffler = subprocess.Popen(
             [*CLI, "shuffler", "serve", "--data-dir", str(tmp_path / "agg"), "--listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert "in use by another service" in _one_line_exit_2(shuffler)
     finally:
         first.terminate()
@@ -143,8 +154,10 @@ def test_bad_listen_address_is_one_line_exit_2_and_leaves_nothing(
 ) -> None:
     proc = subprocess.Popen(
         [*CLI, service, "serve", "--data-dir", str(tmp_path / "data"), "--listen", listen],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert "cannot listen on" in _one_line_exit_2(proc)
     assert not (tmp_path / "data").exists()
 
@@ -222,16 +235,35 @@ def test_query_into_a_closed_pipe_has_no_traceback(tmp_path: Path) -> None:
         address = f"127.0.0.1:{port}"
         labels = ",".join(f"label{i}" for i in range(2000))  # output larger than any pipe buffer
         created = subprocess.run(
-            [*CLI, "campaign", "create", "--aggregator", address, "--id", "c", "--question", "q",
-             "--kind", "categorical", "--labels", labels, "--epsilon0", "1"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            [
+                *CLI,
+                "campaign",
+                "create",
+                "--aggregator",
+                address,
+                "--id",
+                "c",
+                "--question",
+                "q",
+                "--kind",
+                "categorical",
+                "--labels",
+                labels,
+                "--epsilon0",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert created.returncode == 0, created.stderr
         for extra in ([], ["--json"]):
             query = subprocess.Popen(
                 [*CLI, "query", "histogram", "c", "--aggregator", address, *extra],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )  # fmt: skip
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
             assert query.stdout is not None and query.stderr is not None
             query.stdout.close()  # the reader is gone, as after ``| head -1``
             err = query.stderr.read().decode()

@@ -5,6 +5,7 @@ killed at the caller's deadline, and SIGTERM stops an aggregator that is plannin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import signal
 import subprocess
@@ -113,10 +114,8 @@ def test_sigterm_stops_a_planning_aggregator_within_10_s(tmp_path: Path) -> None
             async def call() -> None:
                 async with insecure_channel(address) as channel:
                     request = pb.CreateCampaignRequest(id="big", question="q", kind=pb.BINARY, **SLOW_PLAN)
-                    try:
+                    with contextlib.suppress(grpc.aio.AioRpcError):
                         await pb_grpc.AggregatorStub(channel).CreateCampaign(request, timeout=300)
-                    except grpc.aio.AioRpcError:
-                        pass
 
             asyncio.run(call())
 
