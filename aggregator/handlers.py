@@ -38,7 +38,7 @@ from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
 from deniable.core.crypto import SUITE_NAME
-from deniable.core.mechanisms import LocalRandomiser
+from deniable.core.mechanisms import LocalRandomiser, manipulation
 from deniable.core.mechanisms.base import IntArray
 from deniable.core.process import ChildDied, run_in_child
 from deniable.v1 import deniable_pb2 as pb
@@ -257,6 +257,29 @@ async def _plan_bounded(request: pb.CreateCampaignRequest, deadline_s: float | N
         ) from None
     except ChildDied:
         raise Unavailable("the planning process died; try again") from None
+
+
+def manipulation_budget(randomiser: LocalRandomiser, counts: Sequence[int], n: int) -> pb.ManipulationBudget:
+    """How far m fake well-formed reports could move each estimate (m by the documented rule)."""
+    m = manipulation.default_fake_reports(n)
+    shift = manipulation.report_shift(randomiser, counts, n)
+    if shift is None:
+        return pb.ManipulationBudget(
+            fake_reports=m,
+            rule=manipulation.DEFAULT_RULE,
+            computed=False,
+            note="not derived for this mechanism or domain size (docs/queries.md)",
+        )
+    up, down = shift.for_reports(m)
+    return pb.ManipulationBudget(
+        fake_reports=m,
+        rule=manipulation.DEFAULT_RULE,
+        max_raise=up.tolist(),
+        max_lower=down.tolist(),
+        raise_per_report=shift.raise_per_report.tolist(),
+        lower_per_report=shift.lower_per_report.tolist(),
+        computed=True,
+    )
 
 
 def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.PrivacyStatement:
@@ -512,6 +535,7 @@ class AggregatorHandlers:
         processed = postprocess.apply(np.array([e.estimate for e in estimates]), devices, options)
         # The tightest accountant analyses take up to about a second (cached after): off the loop.
         privacy = await asyncio.to_thread(privacy_statement, campaign, devices, snapshot.smallest_batch)
+        budget = await asyncio.to_thread(manipulation_budget, randomiser, snapshot.counts, devices)
         return pb.QueryResponse(
             campaign_id=campaign.id,
             mechanism=campaign.mechanism,
@@ -537,6 +561,7 @@ class AggregatorHandlers:
             rejected=sum(snapshot.rejected.values()),
             simultaneous=request.simultaneous,
             post_processing_applied=processed.applied,
+            manipulation=budget,
         )
 
     async def list_keys(self) -> pb.ListKeysResponse:

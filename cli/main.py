@@ -263,7 +263,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deniable.cli.render import answer_json, answer_table, privacy_line
+    from deniable.cli.render import answer_json, answer_table, manipulation_line, privacy_line
 
     handler = getattr(args, "handler", None)
     if handler is not None:
@@ -403,6 +403,7 @@ def _run(args: argparse.Namespace) -> int:
                 )
             print(answer_table(answer))
             print("privacy: " + privacy_line(answer.privacy))
+            print(manipulation_line(answer))
         return 0
     if args.command == "keys":
         if args.data_dir is not None:

@@ -904,6 +904,7 @@ class QueryResponse(_message.Message):
     SIMULTANEOUS_FIELD_NUMBER: _builtins.int
     POST_PROCESSING_APPLIED_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    MANIPULATION_FIELD_NUMBER: _builtins.int
     campaign_id: _builtins.str
     mechanism: Global___Mechanism.ValueType
     n: _builtins.int
@@ -922,6 +923,10 @@ class QueryResponse(_message.Message):
     def post_processing_applied(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """what was applied, in order"""
 
+    @_builtins.property
+    def manipulation(self) -> Global___ManipulationBudget:
+        """how far m fake well-formed reports could move each estimate"""
+
     def __init__(
         self,
         *,
@@ -935,10 +940,11 @@ class QueryResponse(_message.Message):
         simultaneous: _builtins.bool = ...,
         post_processing_applied: _abc.Iterable[_builtins.str] | None = ...,
         messages: _builtins.int = ...,
+        manipulation: Global___ManipulationBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["privacy", b"privacy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["manipulation", b"manipulation", "privacy", b"privacy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "campaign_id", b"campaign_id", "confidence", b"confidence", "mechanism", b"mechanism", "messages", b"messages", "n", b"n", "post_processing_applied", b"post_processing_applied", "privacy", b"privacy", "rejected", b"rejected", "simultaneous", b"simultaneous"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "campaign_id", b"campaign_id", "confidence", b"confidence", "manipulation", b"manipulation", "mechanism", b"mechanism", "messages", b"messages", "n", b"n", "post_processing_applied", b"post_processing_applied", "privacy", b"privacy", "rejected", b"rejected", "simultaneous", b"simultaneous"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1009,3 +1015,62 @@ class ListKeysResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListKeysResponse: _TypeAlias = ListKeysResponse  # noqa: Y015
+
+@_typing.final
+class ManipulationBudget(_message.Message):
+    """--- heal ---
+
+    Poisoning bound (ADR 0010, docs/queries.md): m well-formed fake reports (each a payload the
+    campaign's randomiser could emit, chosen by the attacker) move estimate j by at most
+    max_raise[j] upwards and max_lower[j] downwards. Per-report values scale linearly: the estimators are
+    affine in the counts.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FAKE_REPORTS_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    MAX_RAISE_FIELD_NUMBER: _builtins.int
+    MAX_LOWER_FIELD_NUMBER: _builtins.int
+    RAISE_PER_REPORT_FIELD_NUMBER: _builtins.int
+    LOWER_PER_REPORT_FIELD_NUMBER: _builtins.int
+    COMPUTED_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    fake_reports: _builtins.int
+    """m"""
+    rule: _builtins.str
+    """how m was chosen"""
+    computed: _builtins.bool
+    """false: not derived for this mechanism or domain (see note)"""
+    note: _builtins.str
+    @_builtins.property
+    def max_raise(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """per bucket, in bucket order: the largest upward shift"""
+
+    @_builtins.property
+    def max_lower(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """per bucket: the largest downward shift (>= 0)"""
+
+    @_builtins.property
+    def raise_per_report(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def lower_per_report(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        fake_reports: _builtins.int = ...,
+        rule: _builtins.str = ...,
+        max_raise: _abc.Iterable[_builtins.float] | None = ...,
+        max_lower: _abc.Iterable[_builtins.float] | None = ...,
+        raise_per_report: _abc.Iterable[_builtins.float] | None = ...,
+        lower_per_report: _abc.Iterable[_builtins.float] | None = ...,
+        computed: _builtins.bool = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["computed", b"computed", "fake_reports", b"fake_reports", "lower_per_report", b"lower_per_report", "max_lower", b"max_lower", "max_raise", b"max_raise", "note", b"note", "raise_per_report", b"raise_per_report", "rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ManipulationBudget: _TypeAlias = ManipulationBudget  # noqa: Y015
