@@ -274,3 +274,20 @@ def test_query_into_a_closed_pipe_has_no_traceback(tmp_path: Path) -> None:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=20)
     assert os.path.exists(tmp_path / "agg")
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["privacy", "amplify", "--mechanism", "grr", "--epsilon0", "1", "--n", "1e14"],
+        ["privacy", "plan", "--target-epsilon", "1", "--n", "100000000000000", "--domain", "2"],
+        ["privacy", "profile", "--mechanism", "grr", "--epsilon0", "1", "--n", "1e12"],
+        ["privacy", "amplify", "--mechanism", "grr", "--epsilon0", "1", "--n", "1000", "--domain", "99999"],
+    ],
+)
+def test_unbounded_privacy_commands_are_one_line_exit_2(arguments: list[str]) -> None:
+    """Issue 10: ``privacy amplify --n 1e14`` died with a raw MemoryError at 5.2 GB."""
+    result = subprocess.run([*CLI, *arguments], capture_output=True, text=True, timeout=60, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "supported maximum" in lines[0] and "Error" not in lines[0]
