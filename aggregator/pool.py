@@ -88,8 +88,10 @@ class DecryptPool:
             self.broken = None
 
     async def check(self) -> str | None:
-        """Health: None while the pool works; while it is broken, try to rebuild it first."""
-        if self.broken is not None:
+        """Health: None while the pool works; a pool that lost a worker while idle, or that could
+        not be rebuilt, is rebuilt first (so the next batch does not pay for it)."""
+        idle_break = bool(getattr(self.executor, "_broken", False))  # set by the pool's own monitor
+        if self.broken is not None or idle_break:
             try:
                 await self.heal(self.executor)
             except PoolUnavailable:

@@ -171,6 +171,21 @@ async def test_a_worker_killed_mid_batch_is_replaced_and_every_report_counted_on
         await running.stop(grace=1.0)
 
 
+async def test_a_worker_that_dies_while_idle_is_replaced_before_the_next_batch(tmp_path: Path) -> None:
+    running = await _started(tmp_path)
+    try:
+        before = _workers(running)
+        os.kill(before[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while running.metrics.pool_rebuilds._value.get() < 1:
+            assert time.monotonic() < deadline, "the idle pool was not rebuilt"
+            await asyncio.sleep(0.05)
+        assert set(_workers(running)).isdisjoint(before)
+        assert await _health(running.address) == SERVING
+    finally:
+        await running.stop(grace=1.0)
+
+
 async def test_a_pool_that_cannot_be_rebuilt_is_not_serving_then_recovers_by_itself(
     tmp_path: Path, kit: Kit, caplog: pytest.LogCaptureFixture
 ) -> None:
