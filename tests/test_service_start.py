@@ -147,8 +147,10 @@ def test_two_services_on_one_data_directory_are_refused(tmp_path: Path) -> None:
         first.wait(timeout=20)
 
 
-@pytest.mark.parametrize("service", ["aggregator", "shuffler"])
-@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:-1", "127.0.0.1:http"])
+@pytest.mark.parametrize(
+    ("service", "listen"),
+    [("aggregator", "127.0.0.1:99999"), ("shuffler", "127.0.0.1:99999"), ("aggregator", "127.0.0.1:http")],
+)
 def test_bad_listen_address_is_one_line_exit_2_and_leaves_nothing(
     tmp_path: Path, service: str, listen: str
 ) -> None:

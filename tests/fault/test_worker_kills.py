@@ -3,7 +3,7 @@ shuffler does), SIGKILL single decrypt workers and, now and then, the aggregator
 it at once on the same port and data. Afterwards: counted == acknowledged == sent, no duplicate,
 nothing lost, no process of any aggregator left alive.
 
-Default run: a short version (about a dozen kills). ``pytest -m slow tests/fault`` runs 100 kills.
+Default run: a short version (6 kills). ``pytest -m slow tests/fault`` runs 100 kills.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ async def _run(tmp_path: Path, kills: int, batches: int, size: int) -> None:
 
 
 async def test_worker_and_service_kills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    await _run(tmp_path, kills=12, batches=24, size=400)
+    await _run(tmp_path, kills=6, batches=12, size=300)
 
 
 @pytest.mark.slow
