@@ -378,7 +378,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deniable.cli.render import answer_json, answer_table, privacy_line
+    from deniable.cli.render import answer_json, answer_table, manipulation_line, privacy_line
 
     handler = getattr(args, "handler", None)
     if handler is not None:
@@ -544,6 +544,7 @@ def _run(args: argparse.Namespace) -> int:
                 )
             print(answer_table(answer))
             print("privacy: " + privacy_line(answer.privacy))
+            print(manipulation_line(answer))
         return 0
     if args.command == "keys":
         if args.data_dir is not None:
@@ -609,7 +610,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
     configure_logging(args.log_level)
     try:
-        return _run(args)
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handlers below, not at exit
+        return status
     except ConfigurationError as exc:
         print(f"deniable: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -623,6 +626,20 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (``deniable query ... | head -1``): stop quietly
+        _silence_stdout()
+        return 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

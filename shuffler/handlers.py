@@ -7,6 +7,8 @@ decrypts. Accepted reports are spooled in one durable transaction before the res
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -24,6 +26,8 @@ from deniable.shuffler.rawsubmit import RawSubmit
 from deniable.shuffler.segments import ColumnReports
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
+
+log = logging.getLogger("deniable.shuffler")
 
 __all__ = ["InvalidRequest", "NotFound", "ShufflerError", "ShufflerHandlers", "Unavailable"]
 
@@ -80,6 +84,8 @@ class ShufflerHandlers:
         self._max_reports = max_reports_per_request
         self._wall_clock = wall_clock
         self.quota = quota
+        self.spool_failure: str | None = None
+        """Why the last spool write failed; health clears it once a probe write succeeds."""
 
     async def submit(
         self, request: pb.SubmitReportsRequest | RawSubmit, source: SourceKeys = ()
@@ -189,11 +195,21 @@ class ShufflerHandlers:
                 self._metrics.quota_refusals.inc()
                 raise
         try:
-            await asyncio.to_thread(self.store.append, columns)
+            await self._append(columns)
         except BaseException:
             if quota is not None:
                 quota.refund(source, demand)
             raise
+
+    async def _append(self, columns: ColumnReports) -> None:
+        """Append durably; a write that fails (disk full) is UNAVAILABLE and marks the spool unwritable."""
+        try:
+            await asyncio.to_thread(self.store.append, columns)
+        except (OSError, sqlite3.Error) as exc:
+            self.spool_failure = f"the spool cannot be written: {type(exc).__name__}: {str(exc)[:200]}"
+            log.error("%s", self.spool_failure)
+            self._metrics.spool_write_failures.inc()
+            raise Unavailable("the spool cannot be written now; nothing was accepted, retry later") from None
 
     async def _submit_uniform(
         self, request: RawSubmit, source: SourceKeys

@@ -50,6 +50,11 @@ class ShufflerMetrics(ServiceMetrics):
             ["rpc", "code"],
             registry=self.registry,
         )
+        self.spool_write_failures = Counter(
+            "deniable_shuffler_spool_write_failures",
+            "Spool appends that failed (disk full, I/O error): the request got UNAVAILABLE.",
+            registry=self.registry,
+        )
         self.pending = Gauge(
             "deniable_shuffler_pending_reports",
             "Reports spooled and not yet in a batch.",

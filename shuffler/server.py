@@ -10,16 +10,19 @@ from pathlib import Path
 from typing import Final
 
 import grpc
-from grpc_health.v1 import health
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
 
 from deniable.core import service
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
+from deniable.core.health import Check, HealthMonitor
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
+from deniable.shuffler.health import DEFAULT_UPSTREAM_GRACE_S, UpstreamCheck, spool_check
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.mqtt import MqttIngress, MqttIngressConfig
 from deniable.shuffler.quota import DEFAULT_QUOTA_PER_SOURCE, DEFAULT_WINDOW_S, SourceQuota
@@ -89,6 +92,10 @@ class ShufflerConfig:
     """Reports one source address (or device credential) may spool per campaign per window; 0: no limit.
     A campaign's ``quota_per_source`` overrides it."""
     quota_window_s: float = DEFAULT_WINDOW_S
+    upstream_grace_s: float = DEFAULT_UPSTREAM_GRACE_S
+    """NOT_SERVING while the upstream has not answered as an aggregator for this long (or ever)."""
+    health_interval_s: float = 1.0
+    """How often health re-checks the spool directory and the upstream."""
 
 
 @dataclass
@@ -101,9 +108,11 @@ class RunningShuffler:
     metrics: ShufflerMetrics
     metrics_port: int | None
     _server: grpc.aio.Server = field(repr=False)
+    _health: health_aio.HealthServicer = field(repr=False)
+    monitor: HealthMonitor = field(repr=False)
+    _lock: service.DataDirLock = field(repr=False)
     operator_port: int | None = field(default=None, kw_only=True)
     operator_address: str | None = field(default=None, kw_only=True)
-    _health: health.HealthServicer = field(repr=False)
     _pipeline: Pipeline = field(repr=False)
     _directory: CampaignDirectory = field(repr=False)
     _channel: grpc.aio.Channel = field(repr=False)
@@ -120,7 +129,8 @@ class RunningShuffler:
         if self._stopped:
             return
         self._stopped = True
-        self._health.enter_graceful_shutdown()
+        await self.monitor.stop()
+        await self._health.enter_graceful_shutdown()
         if self.mqtt is not None:
             await self.mqtt.stop()
         await self._server.stop(grace)
@@ -129,6 +139,7 @@ class RunningShuffler:
         await self._channel.close()
         self.metrics.stop_http()
         await asyncio.to_thread(self._store.close)
+        self._lock.release()
         log.info("shuffler stopped")
 
 
@@ -157,24 +168,41 @@ def _credentials(
 async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     """Open the spool, bind, start serving and the background loop.
 
-    ConfigurationError (one line) if the port is taken or the data directory is unusable; an
-    unreachable upstream is not an error (batches wait, campaign look-ups retry).
+    ConfigurationError (one line) if the port is taken or the data directory is unusable or in
+    use (a failed start removes what it created); an unreachable upstream is not an error (batches
+    wait, campaign look-ups retry) but keeps health NOT_SERVING until it answers.
     """
-    try:
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigurationError(f"cannot use data directory {config.data_dir}: {exc}") from exc
     if config.spool not in SPOOLS:
         raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
     check_transport(config.tls, config.insecure, "shuffler")
     if config.quota_per_source < 0 or not config.quota_window_s > 0:
         raise ConfigurationError("the quota must be >= 0 reports (0: no limit) over a window > 0 s")
     device_credentials, operator_credentials, upstream_tls = _credentials(config)
-    store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
+    leftovers = service.Leftovers(config.data_dir)
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot use data directory {config.data_dir}: {exc}") from exc
+    try:
+        lock = service.DataDirLock(config.data_dir)
+    except ConfigurationError:
+        leftovers.remove()
+        raise
+    try:
+        store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
+    except BaseException:
+        lock.release()
+        leftovers.remove()
+        raise
     metrics = ShufflerMetrics()
     channel = open_channel(config.upstream, upstream_tls, insecure=config.insecure)
     guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
-    server = service.new_server(config.max_message_bytes, interceptors=[guard, RawSubmitInterceptor()])
+    server = service.new_server(
+        config.max_message_bytes,
+        interceptors=[guard, RawSubmitInterceptor()],
+        on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
+    )
+    monitor: HealthMonitor | None = None
     try:
         upstream = deniable_pb2_grpc.AggregatorStub(channel)
         directory = CampaignDirectory(
@@ -208,18 +236,40 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             quota=SourceQuota(config.quota_per_source, config.quota_window_s),
         )
         deniable_pb2_grpc.add_ShufflerServicer_to_server(ShufflerServicer(handlers, metrics), server)
-        health_servicer = service.add_health(server, SERVICE_NAME)
+        health_servicer = await service.add_health(
+            server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        checks: dict[str, Check] = {
+            "spool": spool_check(config.data_dir, handlers),
+            "upstream": UpstreamCheck(
+                channel, config.upstream, config.upstream_grace_s, config.upstream_deadline_s
+            ),
+        }
+        monitor = HealthMonitor(
+            health_servicer,
+            [SERVICE_NAME],
+            checks,
+            metrics.registry,
+            "deniable_shuffler",
+            config.health_interval_s,
+        )
         port = service.bind(server, config.listen, device_credentials)
         operator_port = None
         if config.operator_listen is not None and operator_credentials is not None:
             operator_port = service.bind(server, config.operator_listen, operator_credentials)
         metrics_port = metrics.serve_http(config.metrics_port) if config.metrics_port is not None else None
+        await monitor.check_now()  # the first answer is already the truth
         await server.start()
+        monitor.start()
     except BaseException:
+        if monitor is not None:
+            await monitor.stop()
         await server.stop(None)
         await channel.close()
         metrics.stop_http()
         await asyncio.to_thread(store.close)
+        lock.release()
+        leftovers.remove()
         raise
     pipeline.start()
     ingress = None
@@ -249,6 +299,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         metrics_port=metrics_port,
         _server=server,
         _health=health_servicer,
+        monitor=monitor,
+        _lock=lock,
         _pipeline=pipeline,
         _directory=directory,
         _channel=channel,

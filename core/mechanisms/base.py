@@ -153,6 +153,11 @@ class LocalRandomiser(ABC):
         """Parameters beyond epsilon0 and the domain, as stored in ``Campaign.params``."""
         return {}
 
+    def fake_payloads(self) -> list[bytes] | None:
+        """Every well-formed payload an attacker could send (for the poisoning bound,
+        ``core.mechanisms.manipulation``), or None where the set is too large to enumerate."""
+        return None
+
     @abstractmethod
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:
         """Exact probability of every payload the randomiser can emit for ``value``."""

@@ -71,6 +71,10 @@ class DirectEncoding(LocalRandomiser):
         raw = chosen.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - width :].tobytes()
         return [raw[i : i + width] for i in range(0, len(raw), width)]
 
+    def fake_payloads(self) -> list[bytes]:
+        """The k payloads (one per output value): a fake report can only be one of them."""
+        return list(self._payload_table)
+
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:
         self.check_value(value)
         return {

@@ -62,6 +62,9 @@ if TYPE_CHECKING:
     Uint64Array = npt.NDArray[np.uint64]
 
 
+FAKE_ENUMERATION_MAX_DOMAIN: Final = 12
+
+
 class BitmapOracle(LocalRandomiser):
     """Shared d-bit bitmap codec, tally and estimator of the unary encodings and subset selection."""
 
@@ -123,6 +126,12 @@ class BitmapOracle(LocalRandomiser):
     def _valid_rows(self, bits: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
         """Extra validity of decoded bit rows (every bit pattern is valid by default)."""
         return np.ones(bits.shape[0], dtype=np.bool_)
+
+    def fake_payloads(self) -> list[bytes] | None:
+        """Every bit pattern the oracle can emit, for domains of at most 12 buckets (4096 patterns)."""
+        if self.domain_size > FAKE_ENUMERATION_MAX_DOMAIN:
+            return None
+        return sorted({p for v in range(self.domain_size) for p in self.output_distribution(v)})
 
     def tally(self, payloads: Sequence[bytes]) -> Tally:
         width, d = self.payload_length, self.domain_size

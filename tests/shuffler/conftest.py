@@ -147,6 +147,7 @@ async def start_upstream(fake: FakeAggregator | None = None) -> Upstream:
     fake = fake or FakeAggregator()
     server = service.new_server()
     deniable_pb2_grpc.add_AggregatorServicer_to_server(fake, server)
+    await service.add_health(server, "deniable.v1.Aggregator")  # the shuffler's health asks it
     port = service.bind(server, "127.0.0.1:0")
     await server.start()
     return Upstream(fake, server, f"127.0.0.1:{port}")
