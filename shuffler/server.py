@@ -16,8 +16,8 @@ from grpc_health.v1.health import aio as health_aio
 from deniable.core import service
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
-from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
 from deniable.core.health import Check, HealthMonitor
+from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable

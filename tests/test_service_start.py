@@ -41,6 +41,7 @@ def _serve_aggregator(data_dir: Path, port: int) -> subprocess.Popen[str]:
             *CLI,
             "aggregator",
             "serve",
+            "--insecure",
             "--data-dir",
             str(data_dir),
             "--listen",
@@ -136,7 +137,16 @@ def test_two_services_on_one_data_directory_are_refused(tmp_path: Path) -> None:
         line = _one_line_exit_2(_serve_aggregator(tmp_path / "agg", _free_port()))
         assert "in use by another service" in line and str(first.pid) in line
         shuffler = subprocess.Popen(
-            [*CLI, "shuffler", "serve", "--data-dir", str(tmp_path / "agg"), "--listen", "127.0.0.1:0"],
+            [
+                *CLI,
+                "shuffler",
+                "serve",
+                "--insecure",
+                "--data-dir",
+                str(tmp_path / "agg"),
+                "--listen",
+                "127.0.0.1:0",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -155,7 +165,7 @@ def test_bad_listen_address_is_one_line_exit_2_and_leaves_nothing(
     tmp_path: Path, service: str, listen: str
 ) -> None:
     proc = subprocess.Popen(
-        [*CLI, service, "serve", "--data-dir", str(tmp_path / "data"), "--listen", listen],
+        [*CLI, service, "serve", "--insecure", "--data-dir", str(tmp_path / "data"), "--listen", listen],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -173,7 +183,7 @@ async def test_a_failed_start_in_an_existing_directory_removes_only_what_it_crea
         holder.listen()
         port = holder.getsockname()[1]
         with pytest.raises(Exception, match="cannot listen"):
-            await start_aggregator(AggregatorConfig(data_dir=data, listen=f"127.0.0.1:{port}"))
+            await start_aggregator(AggregatorConfig(insecure=True, data_dir=data, listen=f"127.0.0.1:{port}"))
     assert sorted(p.name for p in data.iterdir()) == ["operator-notes.txt"]
 
 
@@ -186,9 +196,13 @@ GARBAGE = (b"\xff\xff\xff\xff\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x08")
 
 
 async def test_malformed_protobuf_on_every_method_is_invalid_argument(tmp_path: Path) -> None:
-    aggregator = await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
+    aggregator = await start_aggregator(
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    )
     shuffler = await start_shuffler(
-        ShufflerConfig(data_dir=tmp_path / "shuf", upstream=aggregator.address, listen="127.0.0.1:0")
+        ShufflerConfig(
+            insecure=True, data_dir=tmp_path / "shuf", upstream=aggregator.address, listen="127.0.0.1:0"
+        )
     )
     try:
         for address, service in ((aggregator.address, "Aggregator"), (shuffler.address, "Shuffler")):
@@ -210,7 +224,9 @@ async def test_malformed_protobuf_on_every_method_is_invalid_argument(tmp_path: 
 
 async def test_cancelled_watch_streams_do_not_freeze_the_service(tmp_path: Path) -> None:
     """Issue 10: six cancelled Watch streams froze the sync health servicer inside the aio server."""
-    aggregator = await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
+    aggregator = await start_aggregator(
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    )
     try:
         async with insecure_channel(aggregator.address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
@@ -241,6 +257,7 @@ def test_query_into_a_closed_pipe_has_no_traceback(tmp_path: Path) -> None:
                 *CLI,
                 "campaign",
                 "create",
+                "--insecure",
                 "--aggregator",
                 address,
                 "--id",
@@ -262,7 +279,7 @@ def test_query_into_a_closed_pipe_has_no_traceback(tmp_path: Path) -> None:
         assert created.returncode == 0, created.stderr
         for extra in ([], ["--json"]):
             query = subprocess.Popen(
-                [*CLI, "query", "histogram", "c", "--aggregator", address, *extra],
+                [*CLI, "query", "histogram", "c", "--insecure", "--aggregator", address, *extra],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )

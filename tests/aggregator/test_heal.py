@@ -77,7 +77,7 @@ def test_sigkilled_aggregator_leaves_no_worker_alive(tmp_path: Path) -> None:
         "from pathlib import Path\n"
         "from deniable.aggregator import AggregatorConfig, start_aggregator\n"
         "async def main():\n"
-        "    await start_aggregator(AggregatorConfig(data_dir=Path(sys.argv[1]), listen='127.0.0.1:0',"
+        "    await start_aggregator(AggregatorConfig(insecure=True, data_dir=Path(sys.argv[1]), listen='127.0.0.1:0',"
         " decrypt_workers=2))\n"
         "    print('up', flush=True)\n"
         "    await asyncio.Event().wait()\n"
@@ -128,7 +128,11 @@ def test_die_with_parent_exits_when_the_parent_dies() -> None:
 
 async def _started(tmp_path: Path, workers: int = 2, **overrides: Any) -> RunningAggregator:
     config = AggregatorConfig(
-        data_dir=tmp_path / "agg", listen="127.0.0.1:0", decrypt_workers=workers, health_interval_s=0.1
+        insecure=True,
+        data_dir=tmp_path / "agg",
+        listen="127.0.0.1:0",
+        decrypt_workers=workers,
+        health_interval_s=0.1,
     )
     for key, value in overrides.items():
         setattr(config, key, value)

@@ -76,7 +76,9 @@ def _planners() -> list[multiprocessing.process.BaseProcess]:
 
 
 async def test_planning_stops_when_the_callers_deadline_passes(tmp_path: Path, kit: Kit) -> None:
-    aggregator = await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
+    aggregator = await start_aggregator(
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    )
     try:
         async with insecure_channel(aggregator.address) as channel:
             stub = pb_grpc.AggregatorStub(channel)
@@ -99,7 +101,7 @@ def test_sigterm_stops_a_planning_aggregator_within_10_s(tmp_path: Path) -> None
         "import asyncio, sys\n"
         "from pathlib import Path\n"
         "from deniable.aggregator import AggregatorConfig, serve_aggregator\n"
-        "config = AggregatorConfig(data_dir=Path(sys.argv[1]), listen='127.0.0.1:0')\n"
+        "config = AggregatorConfig(insecure=True, data_dir=Path(sys.argv[1]), listen='127.0.0.1:0')\n"
         "asyncio.run(serve_aggregator(config, lambda r: Path(sys.argv[2]).write_text(str(r.port))))\n"
     )
     child = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "agg"), str(port_file)])

@@ -81,6 +81,7 @@ class Harness:
                 *CLI,
                 "aggregator",
                 "serve",
+                "--insecure",
                 "--data-dir",
                 str(self.data_dir),
                 "--listen",

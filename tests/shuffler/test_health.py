@@ -88,7 +88,7 @@ async def test_missing_upstream_is_not_serving_until_an_aggregator_answers_there
 ) -> None:
     address = _dead_address()
     shuffler = await start_shuffler(
-        ShufflerConfig(data_dir=tmp_path / "s", upstream=address, listen="127.0.0.1:0", **FAST)
+        ShufflerConfig(insecure=True, data_dir=tmp_path / "s", upstream=address, listen="127.0.0.1:0", **FAST)
     )
     try:
         assert await _status(shuffler.address) == NOT_SERVING  # from the first answer on
@@ -117,11 +117,13 @@ async def test_garbage_or_wrong_upstream_is_not_serving(tmp_path: Path, upstream
         target = "no such host:::"
     else:  # a shuffler listens there: it has a health service, but no aggregator in it
         other = await start_shuffler(
-            ShufflerConfig(data_dir=tmp_path / "o", upstream=_dead_address(), listen="127.0.0.1:0", **FAST)
+            ShufflerConfig(
+                insecure=True, data_dir=tmp_path / "o", upstream=_dead_address(), listen="127.0.0.1:0", **FAST
+            )
         )
         target = other.address
     shuffler = await start_shuffler(
-        ShufflerConfig(data_dir=tmp_path / "s", upstream=target, listen="127.0.0.1:0", **FAST)
+        ShufflerConfig(insecure=True, data_dir=tmp_path / "s", upstream=target, listen="127.0.0.1:0", **FAST)
     )
     try:
         await asyncio.sleep(0.3)
