@@ -47,6 +47,9 @@ class AggregatorConfig:
     metrics_port: int | None = None
     store: str | None = None
     """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
+    key_drain_s: float = 86_400.0
+    """A retired HPKE key is destroyed this long after the last campaign sealed to it closed."""
+    key_sweep_interval_s: float = 3_600.0
 
 
 @dataclass
@@ -62,6 +65,7 @@ class RunningAggregator:
     store: AggregatorStore
     executor: Executor | None
     metrics_port: int | None = None
+    sweeper: asyncio.Task[None] | None = None
     _stopped: bool = field(default=False, repr=False)
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -70,6 +74,9 @@ class RunningAggregator:
             return
         self._stopped = True
         self.health.enter_graceful_shutdown()
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            await asyncio.gather(self.sweeper, return_exceptions=True)
         await self.server.stop(grace)
         await self.store.close()
         if self.executor is not None:
@@ -137,7 +144,9 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     metrics = AggregatorMetrics()
     try:
         executor = _decrypt_pool(config.decrypt_workers)
-        handlers = AggregatorHandlers(store, keyring, metrics, executor, config.decrypt_workers)
+        handlers = AggregatorHandlers(
+            store, keyring, metrics, executor, config.decrypt_workers, key_drain_s=config.key_drain_s
+        )
         server = new_server(config.max_message_bytes)
         pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
         health_servicer = add_health(server, SERVICE_NAME)
@@ -168,7 +177,21 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         store=store,
         executor=executor,
         metrics_port=metrics_port,
+        sweeper=asyncio.create_task(_sweep_keys(handlers, config.key_sweep_interval_s), name="key-sweep"),
     )
+
+
+async def _sweep_keys(handlers: AggregatorHandlers, interval_s: float) -> None:
+    """Destroy drained retired keys every ``interval_s`` seconds (errors are logged, never fatal)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            destroyed = await handlers.sweep_keys()
+        except Exception:
+            log.exception("key sweep failed")
+            continue
+        if destroyed:
+            log.info("retired keys destroyed", extra={"key_ids": destroyed})
 
 
 async def serve_aggregator(

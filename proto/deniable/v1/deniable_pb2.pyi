@@ -186,6 +186,7 @@ class Campaign(_message.Message):
     TARGET_EPSILON_FIELD_NUMBER: _builtins.int
     EXPECTED_N_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: _builtins.str
@@ -223,6 +224,10 @@ class Campaign(_message.Message):
     """0 when the campaign was created from epsilon0 directly"""
     expected_n: _builtins.int
     """planning assumption for target_epsilon"""
+    signature: _builtins.bytes
+    """Ed25519 signature by the aggregator's signing key over every other field (docs/security.md,
+    "Campaign signatures"): devices refuse a description whose signature does not verify.
+    """
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -255,10 +260,11 @@ class Campaign(_message.Message):
         target_epsilon: _builtins.float = ...,
         expected_n: _builtins.int = ...,
         params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -681,6 +687,7 @@ class CreateCampaignRequest(_message.Message):
     PARAMS_FIELD_NUMBER: _builtins.int
     TARGET_EPSILON_FIELD_NUMBER: _builtins.int
     EXPECTED_N_FIELD_NUMBER: _builtins.int
+    KEM_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     question: _builtins.str
     kind: Global___DomainKind.ValueType
@@ -699,6 +706,8 @@ class CreateCampaignRequest(_message.Message):
     target_epsilon: _builtins.float
     """with expected_n: plan epsilon0 (and mechanism if unset) from a central target"""
     expected_n: _builtins.int
+    kem: _builtins.str
+    """"x25519" (default) or "x25519-mlkem768" (post-quantum hybrid)"""
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """required for CATEGORICAL, ignored for BINARY"""
@@ -724,10 +733,11 @@ class CreateCampaignRequest(_message.Message):
         params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         target_epsilon: _builtins.float = ...,
         expected_n: _builtins.int = ...,
+        kem: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kem", b"kem", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -953,11 +963,22 @@ class KeyInfo(_message.Message):
     HPKE_SUITE_FIELD_NUMBER: _builtins.int
     ACTIVE_FIELD_NUMBER: _builtins.int
     CREATED_UNIX_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    KEM_FIELD_NUMBER: _builtins.int
+    CAMPAIGNS_FIELD_NUMBER: _builtins.int
     key_id: _builtins.int
     public_key: _builtins.bytes
     hpke_suite: _builtins.str
     active: _builtins.bool
     created_unix: _builtins.int
+    state: _builtins.str
+    """"active", "retired" (kept for campaigns sealed to it), "destroyed" """
+    kem: _builtins.str
+    """"x25519" or "x25519-mlkem768" """
+    @_builtins.property
+    def campaigns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """campaigns sealed to this key"""
+
     def __init__(
         self,
         *,
@@ -966,10 +987,13 @@ class KeyInfo(_message.Message):
         hpke_suite: _builtins.str = ...,
         active: _builtins.bool = ...,
         created_unix: _builtins.int = ...,
+        state: _builtins.str = ...,
+        kem: _builtins.str = ...,
+        campaigns: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "created_unix", b"created_unix", "hpke_suite", b"hpke_suite", "key_id", b"key_id", "public_key", b"public_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "campaigns", b"campaigns", "created_unix", b"created_unix", "hpke_suite", b"hpke_suite", "kem", b"kem", "key_id", b"key_id", "public_key", b"public_key", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -995,17 +1019,88 @@ class ListKeysResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     KEYS_FIELD_NUMBER: _builtins.int
+    SIGNING_PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    signing_public_key: _builtins.bytes
+    """raw Ed25519 key that signs campaign descriptions (apps pin it)"""
     @_builtins.property
     def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyInfo]: ...
     def __init__(
         self,
         *,
         keys: _abc.Iterable[Global___KeyInfo] | None = ...,
+        signing_public_key: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "signing_public_key", b"signing_public_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListKeysResponse: _TypeAlias = ListKeysResponse  # noqa: Y015
+
+@_typing.final
+class KeyRotateRequest(_message.Message):
+    """--- sign ---
+
+    A new active HPKE key for one KEM: campaigns created from now on use it; old keys are retired.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEM_FIELD_NUMBER: _builtins.int
+    kem: _builtins.str
+    """"x25519" (default) or "x25519-mlkem768" """
+    def __init__(
+        self,
+        *,
+        kem: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kem", b"kem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyRotateRequest: _TypeAlias = KeyRotateRequest  # noqa: Y015
+
+@_typing.final
+class KeyDestroyRequest(_message.Message):
+    """Overwrite and remove a retired key's private file. Refused while any campaign sealed to it is open."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyDestroyRequest: _TypeAlias = KeyDestroyRequest  # noqa: Y015
+
+@_typing.final
+class KeyCloseCampaignRequest(_message.Message):
+    """End a campaign's window now (the description is re-signed); its reports can then be drained."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
+    campaign_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        campaign_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyCloseCampaignRequest: _TypeAlias = KeyCloseCampaignRequest  # noqa: Y015

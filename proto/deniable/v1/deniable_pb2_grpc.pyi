@@ -108,6 +108,10 @@ class AggregatorStub:
     BinarySum: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]
     Histogram: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]
     ListKeys: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ListKeysRequest, _deniable_pb2.ListKeysResponse]
+    RotateKey: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.KeyRotateRequest, _deniable_pb2.KeyInfo]
+    """--- sign ---"""
+    DestroyKey: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.KeyDestroyRequest, _deniable_pb2.KeyInfo]
+    CloseCampaign: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.KeyCloseCampaignRequest, _deniable_pb2.Campaign]
 
 @_typing.type_check_only
 class AggregatorAsyncStub(AggregatorStub):
@@ -121,6 +125,10 @@ class AggregatorAsyncStub(AggregatorStub):
     BinarySum: _aio.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]  # type: ignore[assignment]
     Histogram: _aio.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]  # type: ignore[assignment]
     ListKeys: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ListKeysRequest, _deniable_pb2.ListKeysResponse]  # type: ignore[assignment]
+    RotateKey: _aio.UnaryUnaryMultiCallable[_deniable_pb2.KeyRotateRequest, _deniable_pb2.KeyInfo]  # type: ignore[assignment]
+    """--- sign ---"""
+    DestroyKey: _aio.UnaryUnaryMultiCallable[_deniable_pb2.KeyDestroyRequest, _deniable_pb2.KeyInfo]  # type: ignore[assignment]
+    CloseCampaign: _aio.UnaryUnaryMultiCallable[_deniable_pb2.KeyCloseCampaignRequest, _deniable_pb2.Campaign]  # type: ignore[assignment]
 
 class AggregatorServicer(metaclass=_abc_1.ABCMeta):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
@@ -173,5 +181,27 @@ class AggregatorServicer(metaclass=_abc_1.ABCMeta):
         request: _deniable_pb2.ListKeysRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_deniable_pb2.ListKeysResponse, _abc.Awaitable[_deniable_pb2.ListKeysResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RotateKey(
+        self,
+        request: _deniable_pb2.KeyRotateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_deniable_pb2.KeyInfo, _abc.Awaitable[_deniable_pb2.KeyInfo]]:
+        """--- sign ---"""
+
+    @_abc_1.abstractmethod
+    def DestroyKey(
+        self,
+        request: _deniable_pb2.KeyDestroyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_deniable_pb2.KeyInfo, _abc.Awaitable[_deniable_pb2.KeyInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def CloseCampaign(
+        self,
+        request: _deniable_pb2.KeyCloseCampaignRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_deniable_pb2.Campaign, _abc.Awaitable[_deniable_pb2.Campaign]]: ...
 
 def add_AggregatorServicer_to_server(servicer: AggregatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
