@@ -343,7 +343,9 @@ class AggregatorHandlers:
 
     async def list_campaigns(self) -> pb.ListCampaignsResponse:
         """Every campaign, oldest first, each signed."""
-        return pb.ListCampaignsResponse(campaigns=[self._signed(c) for c in await self.store.list_campaigns()])
+        return pb.ListCampaignsResponse(
+            campaigns=[self._signed(c) for c in await self.store.list_campaigns()]
+        )
 
     async def close_campaign(self, request: pb.KeyCloseCampaignRequest) -> pb.Campaign:
         """End the campaign's window now (kept if it ended earlier); the new description is re-signed."""
@@ -577,7 +579,9 @@ class AggregatorHandlers:
 
     async def _open_campaigns_of(self, key_id: int) -> list[str]:
         now = self._clock()
-        return [c.id for c in await self.store.list_campaigns() if c.key_id == key_id and not self._closed(c, now)]
+        return [
+            c.id for c in await self.store.list_campaigns() if c.key_id == key_id and not self._closed(c, now)
+        ]
 
     async def _key_info(self, key_id: int) -> pb.KeyInfo:
         listing = await self._key_listing()

@@ -139,7 +139,9 @@ class Keyring:
             raise ConfigurationError(f"keyring {index} is unreadable or malformed: {exc}") from exc
         active = [e.kem for e in entries if e.active]
         if active.count(KEM_X25519) != 1 or len(set(active)) != len(active):
-            raise ConfigurationError(f"keyring {index} must list exactly one active key per KEM (x25519 among them)")
+            raise ConfigurationError(
+                f"keyring {index} must list exactly one active key per KEM (x25519 among them)"
+            )
         if len({e.key_id for e in entries}) != len(entries):
             raise ConfigurationError(f"keyring {index} lists a key id twice")
         pairs = cls._load_pairs(directory, index, entries)

@@ -16,7 +16,7 @@ from deniable.client.outbox import Outbox
 from deniable.client.reporter import CampaignClosed, CampaignInvalid, Reporter
 from deniable.client.transport import InMemoryTransport, TransportError
 from deniable.core.campaigns import randomiser_for
-from deniable.core.crypto import KeyPair, open_report
+from deniable.core.crypto import KeyPair, SigningKey, open_report
 from deniable.core.wire import decode
 from deniable.v1 import deniable_pb2 as pb
 
@@ -58,21 +58,23 @@ async def test_binary_campaign(make_campaign: Any, outbox: Outbox, key_pair: Key
     assert all(p in (b"\x00", b"\x01") for p in payloads)
 
 
-async def test_fetch_builds_reporter_from_shuffler(make_campaign: Any, outbox: Outbox) -> None:
+async def test_fetch_builds_reporter_from_shuffler(
+    make_campaign: Any, outbox: Outbox, signing_key: SigningKey
+) -> None:
     campaign = make_campaign()
     transport = InMemoryTransport([campaign])
-    reporter = await Reporter.fetch(campaign.id, transport, outbox)
+    reporter = await Reporter.fetch(campaign.id, transport, outbox, aggregator_key=signing_key.public_raw)
     assert reporter.campaign == campaign
     with pytest.raises(TransportError) as info:
-        await Reporter.fetch("missing", transport, outbox)
+        await Reporter.fetch("missing", transport, outbox, aggregator_key=signing_key.public_raw)
     assert not info.value.retryable
 
 
 async def test_fetch_rejects_tampered_campaign(make_campaign: Any, outbox: Outbox) -> None:
     campaign = make_campaign()
     campaign.ciphertext_length += 16
-    with pytest.raises(CampaignInvalid, match="lengths"):
-        await Reporter.fetch(campaign.id, InMemoryTransport([campaign]), outbox)
+    with pytest.raises(CampaignInvalid, match="lengths"):  # checked even when verification is skipped
+        await Reporter.fetch(campaign.id, InMemoryTransport([campaign]), outbox, insecure_skip_verify=True)
 
 
 @pytest.mark.parametrize(
