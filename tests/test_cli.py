@@ -139,7 +139,31 @@ def test_operator_commands_against_served_processes(services: tuple[str, str]) -
     assert missing.returncode == 1
     assert "NOT_FOUND" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
     keys = _run("keys", "show", "--aggregator", aggregator, "--json")
-    assert keys.returncode == 0 and len(bytes.fromhex(json.loads(keys.stdout)[0]["public_key"])) == 32
+    shown = json.loads(keys.stdout)
+    assert keys.returncode == 0 and len(bytes.fromhex(shown["keys"][0]["public_key"])) == 32
+    assert len(bytes.fromhex(shown["signing_public_key"])) == 32
+    assert shown["keys"][0]["state"] == "active" and shown["keys"][0]["campaigns"] == ["lang"]
+
+
+def test_key_rotation_hybrid_campaign_close_and_destroy_commands(services: tuple[str, str]) -> None:
+    """keys rotate / campaign create --kem / campaign close / keys destroy, through the served CLI."""
+    aggregator, _ = services
+    base = ["--aggregator", aggregator, "--kind", "binary", "--question", "q?", "--epsilon0", "1", "--json"]
+    assert _run("campaign", "create", "--id", "old", *base).returncode == 0
+    rotated = _run("keys", "rotate", "--aggregator", aggregator)
+    assert rotated.returncode == 0 and "key 2" in rotated.stdout, rotated.stderr
+    hybrid = _run("campaign", "create", "--id", "pq", "--kem", "x25519-mlkem768", *base)
+    assert hybrid.returncode == 0, hybrid.stderr
+    assert json.loads(hybrid.stdout)["hpke_suite"].startswith("MLKEM768X25519")
+    refused = _run("keys", "destroy", "1", "--aggregator", aggregator)
+    assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr and "old" in refused.stderr
+    assert _run("campaign", "close", "old", "--aggregator", aggregator).returncode == 0
+    assert _run("keys", "destroy", "1", "--aggregator", aggregator).returncode == 0
+    states = {
+        k["key_id"]: (k["state"], k["kem"])
+        for k in json.loads(_run("keys", "show", "--aggregator", aggregator, "--json").stdout)["keys"]
+    }
+    assert states == {1: ("destroyed", "x25519"), 2: ("active", "x25519"), 3: ("active", "x25519-mlkem768")}
 
 
 def test_port_taken_is_a_one_line_configuration_error(tmp_path: Path) -> None:
