@@ -452,7 +452,8 @@ def _keys(args: argparse.Namespace) -> int:
         rotating = pb.KeyRotateRequest(kem=args.kem)
         info: pb.KeyInfo = asyncio.run(_call(args.aggregator, lambda s: s.RotateKey(rotating, timeout=30)))
         print(
-            f"key {info.key_id} ({info.kem}) is active; earlier keys stay until their campaigns close and drain"
+            f"key {info.key_id} ({info.kem}) is active; earlier keys stay until their campaigns"
+            " close and drain"
         )
         return 0
     if args.action == "destroy":

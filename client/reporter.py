@@ -18,8 +18,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -126,7 +125,8 @@ def verify_description(
             raise CampaignSignatureError(f"the pinned aggregator key is unusable: {exc}") from None
     elif not insecure_skip_verify:
         raise CampaignSignatureError(
-            "no aggregator signing key pinned: pass aggregator_key=... (or insecure_skip_verify=True in tests)"
+            "no aggregator signing key pinned: pass aggregator_key=..."
+            " (or insecure_skip_verify=True in tests)"
         )
     if policy is not None:
         policy.check(campaign)

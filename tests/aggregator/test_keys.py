@@ -104,7 +104,7 @@ def test_signing_key_is_created_owner_only_and_pinned_in_the_index(tmp_path: Pat
     assert document["signing_public_key"] == keyring.signing.public_raw.hex()
     assert Keyring.load_or_create(tmp_path).signing == keyring.signing
     path.chmod(0o644)
-    with pytest.raises(ConfigurationError, match="signing.key"):
+    with pytest.raises(ConfigurationError, match=r"signing\.key"):
         Keyring.load_or_create(tmp_path)
     path.chmod(0o600)
     path.write_bytes(bytes(32))  # another key than the index names

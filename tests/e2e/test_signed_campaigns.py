@@ -96,14 +96,14 @@ class TamperingProxy(pb_grpc.ShufflerServicer):
         self.upstream = upstream
         self.tamper = tamper
 
-    async def GetCampaign(  # noqa: N802 (gRPC method name)
+    async def GetCampaign(
         self, request: pb.GetCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
     ) -> pb.Campaign:
         campaign: pb.Campaign = await self.upstream.GetCampaign(request, timeout=10)
         self.tamper(campaign)
         return campaign
 
-    async def SubmitReports(  # noqa: N802 (gRPC method name)
+    async def SubmitReports(
         self,
         request: pb.SubmitReportsRequest,
         context: grpc.aio.ServicerContext[object, pb.SubmitReportsResponse],
