@@ -85,11 +85,13 @@ def services(tmp_path: Path) -> Iterator[tuple[str, str]]:
         assert codes == [0, 0], "services must exit 0 after SIGTERM (graceful shutdown)"
 
 
-def test_demo_json_has_the_documented_shape(tmp_path: Path) -> None:
+def test_demo_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.json"
     plot = tmp_path / "plot.png"
     assert main(["demo", "--devices", "1200", "--json", str(out), "--plot", str(plot), "--no-progress"]) == 0
     report = json.loads(out.read_text())
+    assert len(bytes.fromhex(report["signing_public_key"])) == 32  # the devices pinned it
+    assert "campaigns signed" in capsys.readouterr().out
     kinds = sorted(c["kind"] for c in report["campaigns"])
     assert kinds == ["binary", "histogram"]
     for campaign in report["campaigns"]:
