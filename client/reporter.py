@@ -201,7 +201,10 @@ class Reporter:
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        """Check the campaign (CampaignInvalid) and rebuild its randomiser; ``clock``/``sleep`` for tests."""
+        """Check the campaign (CampaignInvalid) and rebuild its randomiser; ``clock``/``sleep`` for tests.
+
+        The description is trusted as given: use ``fetch``, or ``verify_description`` first, for one
+        that came through the shuffler, a broker or any cache."""
         validate_campaign(campaign)
         self.campaign = pb.Campaign()
         self.campaign.CopyFrom(campaign)

@@ -294,3 +294,43 @@ async def test_hybrid_kem_campaign_runs_end_to_end(stack: Stack, tmp_path: Path)
     answer = await stack.count("pq", 100)
     assert (answer.n, answer.rejected) == (100, 0)
     assert sum(b.raw_count for b in answer.buckets) == 100
+
+
+async def test_a_description_from_the_shufflers_durable_cache_still_verifies(tmp_path: Path) -> None:
+    """The shuffler serves its cached copy (aggregator down, shuffler restarted): the cached bytes
+    are the signed ones, so a pinned device accepts them and a tampered cache is refused."""
+    running = await _stack(tmp_path)
+    outbox = Outbox(tmp_path / "outbox.db")
+    try:
+        created = await running.create("lang")
+        other = await running.create("other")
+        transport = GrpcTransport(running.shuffler.address, timeout_s=10)
+        for campaign_id in ("lang", "other"):  # cached now
+            await Reporter.fetch(campaign_id, transport, outbox, aggregator_key=running.pinned)
+        await transport.close()
+        await running.aggregator.stop()
+        tampered = pb.Campaign()
+        tampered.CopyFrom(other)
+        _raise_epsilon0(tampered)
+        running.shuffler._store.cache_campaign(tampered)  # whoever can write the shuffler's disk
+        await running.shuffler.stop()
+        shuffler = await start_shuffler(
+            ShufflerConfig(
+                data_dir=tmp_path / "shuf", upstream=running.aggregator.address, listen="127.0.0.1:0"
+            )
+        )
+        transport = GrpcTransport(shuffler.address, timeout_s=10)
+        try:
+            cached = await Reporter.fetch("lang", transport, outbox, aggregator_key=running.pinned)
+            assert cached.campaign == created
+            gullible = await Reporter.fetch("other", transport, outbox, insecure_skip_verify=True)
+            assert gullible.campaign.epsilon0 == 20.0  # the cache served the tampered copy
+            with pytest.raises(CampaignSignatureError):
+                await Reporter.fetch("other", transport, outbox, aggregator_key=running.pinned)
+        finally:
+            await transport.close()
+            await shuffler.stop()
+    finally:
+        outbox.close()
+        await running.shuffler.stop()
+        await running.aggregator.stop()
