@@ -294,6 +294,9 @@ class AggregatorHandlers:
         self._workers = decrypt_workers
         self._clock = clock
         self._key_drain_s = key_drain_s
+        # Held from picking a campaign's key until the campaign is stored, and by every key state
+        # change: a sweep never sees a key as unused while a campaign sealed to it is being created.
+        self._keys_lock = asyncio.Lock()
 
     def _signed(self, campaign: pb.Campaign) -> pb.Campaign:
         """The description as devices may see it: signed over its current content (so any change,
@@ -314,19 +317,20 @@ class AggregatorHandlers:
             layout = layout_for(randomiser_for(campaign), kem.suite_name)
         except ValueError as exc:
             raise InvalidRequest(f"mechanism parameters rejected: {exc}") from exc
-        key = self.keyring.active_or_create(kem.name).public
-        campaign.key_id = key.key_id
-        campaign.public_key = key.raw
         campaign.hpke_suite = kem.suite_name
         campaign.payload_length = layout.payload_length
         campaign.plaintext_length = layout.plaintext_length
         campaign.ciphertext_length = layout.ciphertext_length
         campaign.created_unix = int(self._clock())
-        signed = self._signed(campaign)
-        try:
-            await self.store.create_campaign(signed)
-        except CampaignExists:
-            raise AlreadyExists(f"campaign {campaign.id} already exists") from None
+        async with self._keys_lock:
+            key = self.keyring.active_or_create(kem.name).public
+            campaign.key_id = key.key_id
+            campaign.public_key = key.raw
+            signed = self._signed(campaign)
+            try:
+                await self.store.create_campaign(signed)
+            except CampaignExists:
+                raise AlreadyExists(f"campaign {campaign.id} already exists") from None
         return signed
 
     async def _campaign(self, campaign_id: str) -> pb.Campaign:
@@ -540,42 +544,42 @@ class AggregatorHandlers:
             kem = kem_named(request.kem).name
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
-        pair = await asyncio.to_thread(self.keyring.rotate, kem)
+        async with self._keys_lock:
+            pair = await asyncio.to_thread(self.keyring.rotate, kem)
         await self.sweep_keys()
         return await self._key_info(pair.key_id)
 
     async def destroy_key(self, request: pb.KeyDestroyRequest) -> pb.KeyInfo:
         """Destroy a retired key now (the operator has drained it); refused while a campaign sealed
         to it is open."""
-        open_campaigns = await self._open_campaigns_of(request.key_id)
-        if open_campaigns:
-            raise FailedPrecondition(
-                f"key {request.key_id} still serves open campaigns ({', '.join(open_campaigns[:5])});"
-                " close them and let the shuffler drain them first"
-            )
-        try:
-            await asyncio.to_thread(self.keyring.destroy, request.key_id)
-        except KeyStateError as exc:
-            raise FailedPrecondition(str(exc)) from None
+        async with self._keys_lock:
+            open_campaigns = await self._open_campaigns_of(request.key_id)
+            if open_campaigns:
+                raise FailedPrecondition(
+                    f"key {request.key_id} still serves open campaigns ({', '.join(open_campaigns[:5])});"
+                    " close them and let the shuffler drain them first"
+                )
+            try:
+                await asyncio.to_thread(self.keyring.destroy, request.key_id)
+            except KeyStateError as exc:
+                raise FailedPrecondition(str(exc)) from None
         return await self._key_info(request.key_id)
 
     async def sweep_keys(self) -> list[int]:
         """Destroy every retired key whose campaigns all closed at least ``key_drain_s`` ago."""
-        retired = [info.key_id for info in self.keyring.infos() if info.state == RETIRED]
-        if not retired:
+        if not any(info.state == RETIRED for info in self.keyring.infos()):
             return []
-        now = self._clock()
-        campaigns = await self.store.list_campaigns()
-        destroyed = []
-        for key_id in retired:
-            sealed = [c for c in campaigns if c.key_id == key_id]
-            if all(self._closed(c, now - self._key_drain_s) for c in sealed):
-                try:
+        async with self._keys_lock:
+            retired = [info.key_id for info in self.keyring.infos() if info.state == RETIRED]
+            now = self._clock()
+            campaigns = await self.store.list_campaigns()
+            destroyed = []
+            for key_id in retired:
+                sealed = [c for c in campaigns if c.key_id == key_id]
+                if all(self._closed(c, now - self._key_drain_s) for c in sealed):
                     await asyncio.to_thread(self.keyring.destroy, key_id)
-                except KeyStateError:  # a concurrent sweep or DestroyKey got there first
-                    continue
-                destroyed.append(key_id)
-        return destroyed
+                    destroyed.append(key_id)
+            return destroyed
 
     async def _open_campaigns_of(self, key_id: int) -> list[str]:
         now = self._clock()

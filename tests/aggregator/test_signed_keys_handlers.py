@@ -3,6 +3,7 @@ campaign KEM, key rotation, destruction refused while a campaign is open, the dr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -98,3 +99,37 @@ async def test_retired_key_is_destroyed_only_after_its_campaigns_closed_and_drai
     assert states == [(1, "destroyed"), (2, "active")]
     # Reports sealed to a destroyed key are no longer decryptable: they are rejected, not counted.
     assert handlers.keyring.get(1) is None
+
+
+class SlowCreateStore(SqliteAggregatorStore):
+    """A store whose create_campaign waits for ``release``: a rotation can arrive meanwhile."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def create_campaign(self, campaign: pb.Campaign) -> None:
+        self.entered.set()
+        await self.release.wait()
+        await super().create_campaign(campaign)
+
+
+async def test_a_rotation_during_campaign_creation_never_destroys_the_campaigns_key(tmp_path: Path) -> None:
+    """Key 1 is picked for a campaign still being stored when a rotation retires key 1 and sweeps
+    (drain 0): without the keys lock the sweep sees no campaign on key 1 and destroys it, and every
+    report to the new campaign would be undecryptable."""
+    store = SlowCreateStore(tmp_path / "slow.sqlite3")
+    keyring = Keyring.load_or_create(tmp_path / "data")
+    handlers = AggregatorHandlers(store, keyring, AggregatorMetrics(), key_drain_s=0.0)
+    try:
+        creating = asyncio.create_task(handlers.create_campaign(_request("c1")))
+        await store.entered.wait()
+        rotating = asyncio.create_task(handlers.rotate_key(pb.KeyRotateRequest()))
+        await asyncio.sleep(0.05)  # let the rotation run as far as it can
+        store.release.set()
+        created, rotated = await creating, await rotating
+        assert (created.key_id, rotated.key_id) == (1, 2)
+        assert keyring.state_of(1) == "retired" and keyring.get(1) is not None
+    finally:
+        await store.close()
