@@ -137,6 +137,8 @@ def _decrypt_pool(workers: int) -> Executor | None:
 
 async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     """Start serving; ConfigurationError (one line) for a bad data dir, keys or address."""
+    if not (config.key_drain_s >= 0 and config.key_sweep_interval_s > 0):
+        raise ConfigurationError("key_drain_s must be >= 0 and key_sweep_interval_s > 0 (seconds)")
     _prepare_data_dir(config.data_dir)
     keyring = Keyring.load_or_create(config.data_dir)
     store = await open_store(config.store, config.data_dir)

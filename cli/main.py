@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     agg_serve.add_argument(
+        "--key-drain-s",
+        type=float,
+        default=86_400.0,
+        help="destroy a retired HPKE key this long after its last campaign closed (default one day)",
+    )
+    agg_serve.add_argument(
         "--store",
         default=None,
         metavar="DSN",
@@ -316,6 +322,7 @@ def _run(args: argparse.Namespace) -> int:
                     ),
                     metrics_port=args.metrics_port,
                     store=args.store,
+                    key_drain_s=args.key_drain_s,
                 )
             )
         )

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.aggregator.handlers import AggregatorHandlers, FailedPrecondition, InvalidRequest
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.store import SqliteAggregatorStore
 from deniable.core.crypto import HYBRID_SUITE_NAME, SUITE_NAME, verify_campaign
+from deniable.core.errors import ConfigurationError
 from deniable.v1 import deniable_pb2 as pb
 
 
@@ -133,3 +135,9 @@ async def test_a_rotation_during_campaign_creation_never_destroys_the_campaigns_
         assert keyring.state_of(1) == "retired" and keyring.get(1) is not None
     finally:
         await store.close()
+
+
+async def test_a_negative_drain_period_is_a_configuration_error(tmp_path: Path) -> None:
+    """A negative drain would count campaigns that close in the future as drained."""
+    with pytest.raises(ConfigurationError, match="key_drain_s"):
+        await start_aggregator(AggregatorConfig(data_dir=tmp_path, listen="127.0.0.1:0", key_drain_s=-1.0))
