@@ -147,7 +147,7 @@ class Keyring:
         pairs = cls._load_pairs(directory, index, entries)
         signing = cls._load_signing(directory, index, pinned, create)
         keyring = cls(directory, entries, pairs, signing)
-        if pinned is None:
+        if pinned is None and create:  # record the signing key of an upgraded keyring
             try:
                 keyring._write_index()
             except OSError as exc:
