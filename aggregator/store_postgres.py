@@ -230,6 +230,15 @@ class PostgresAggregatorStore:
         rows = await self._open_pool().fetch("SELECT body FROM campaigns ORDER BY seq")
         return [pb.Campaign.FromString(bytes(row[0])) for row in rows]
 
+    async def update_campaign(self, campaign: pb.Campaign) -> None:
+        """Replace the description of an existing campaign (same id); UnknownCampaign otherwise."""
+        body = campaign.SerializeToString(deterministic=True)
+        status = await self._open_pool().execute(
+            "UPDATE campaigns SET body = $2 WHERE id = $1", campaign.id, body
+        )
+        if status != "UPDATE 1":
+            raise UnknownCampaign(campaign.id)
+
     async def find_batch(self, batch_id: str) -> BatchRecord | None:
         """The record of an already ingested batch, or None."""
         row = await self._open_pool().fetchrow(

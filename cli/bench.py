@@ -205,6 +205,18 @@ class SinkAggregator(pb_grpc.AggregatorServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
         raise AssertionError("abort returned")
 
+    async def RotateKey(self, request: pb.KeyRotateRequest, context: Any) -> pb.KeyInfo:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
+    async def DestroyKey(self, request: pb.KeyDestroyRequest, context: Any) -> pb.KeyInfo:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
+    async def CloseCampaign(self, request: pb.KeyCloseCampaignRequest, context: Any) -> pb.Campaign:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
     async def IngestBatch(self, request: pb.ShuffledBatch, context: Any) -> pb.IngestBatchResponse:  # noqa: N802
         self.batches += 1
         self.reports += len(request.reports)

@@ -47,6 +47,7 @@ class DemoCampaign:
     created: pb.Campaign | None = None  # as the aggregator stored it (planned epsilon0 and mechanism)
     acknowledged: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    signing_key: bytes = b""  # the aggregator's signing key the devices pinned and verified against
 
     @property
     def true_counts(self) -> list[int]:
@@ -201,6 +202,8 @@ async def run_pipeline(
             operator = pb_grpc.AggregatorStub(channel)
             for campaign in campaigns:  # planning takes a few seconds
                 campaign.created = await operator.CreateCampaign(campaign.request, timeout=300)
+            # An app ships this key pinned; the demo reads it from the aggregator it just started.
+            keys = await operator.ListKeys(pb.ListKeysRequest(), timeout=30)
             transport: Transport = GrpcTransport(shuffler.address, tls=ClientTls(ca=certs.ca))
             if mqtt_broker is not None:
                 assert shuffler.mqtt is not None
@@ -211,7 +214,10 @@ async def run_pipeline(
             try:
                 for campaign in campaigns:
                     started = time.perf_counter()
-                    reporter = await Reporter.fetch(campaign.request.id, transport, outbox)
+                    reporter = await Reporter.fetch(
+                        campaign.request.id, transport, outbox, aggregator_key=keys.signing_public_key
+                    )
+                    campaign.signing_key = keys.signing_public_key
                     reporter.record_many(campaign.truth_values.tolist(), progress=progress)
                     campaign.timings["randomise_seal_s"] = time.perf_counter() - started
                     started = time.perf_counter()
@@ -351,6 +357,7 @@ def run_demo(
     report["devices"] = devices
     report["elapsed_s"] = elapsed
     report["target_epsilon"] = target_epsilon
+    report["signing_public_key"] = campaigns[0].signing_key.hex() if campaigns else ""
     inside = total = 0
     for campaign in campaigns:
         answer = campaign.answer
@@ -366,6 +373,11 @@ def run_demo(
         for bucket, truth in zip(answer.buckets, campaign.true_counts, strict=True):
             total += 1
             inside += int(bucket.ci_low <= truth <= bucket.ci_high)
+    if campaigns and all(c.signing_key for c in campaigns):
+        print(
+            f"\ncampaigns signed: every device verified its campaign description against the pinned"
+            f" aggregator signing key (Ed25519 {campaigns[0].signing_key.hex()[:16]}…) before sealing"
+        )
     print(
         f"\n{inside} of {total} true counts lie inside their 95% CI (* marks the others);"
         f" {devices} devices in {elapsed:.1f} s"

@@ -116,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     _add_server_tls_options(agg_serve)
     agg_serve.add_argument(
+        "--key-drain-s",
+        type=float,
+        default=86_400.0,
+        help="destroy a retired HPKE key this long after its last campaign closed (default one day)",
+    )
+    agg_serve.add_argument(
         "--store",
         default=None,
         metavar="DSN",
@@ -204,8 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="reports one source may spool per window at a shuffler (default: the shuffler's)",
     )
+    create.add_argument(
+        "--kem",
+        choices=["x25519", "x25519-mlkem768"],
+        default="x25519",
+        help="HPKE KEM devices seal to (x25519-mlkem768: post-quantum hybrid, 1136 bytes per report)",
+    )
     create.add_argument("--json", action="store_true")
     _add_client_tls_options(create)
+    close = campaign.add_parser("close", help="end a campaign's window now (re-signed)")
+    close.add_argument("campaign")
+    close.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    _add_client_tls_options(close)
     listing = campaign.add_parser("list", help="list campaigns")
     listing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     listing.add_argument("--json", action="store_true")
@@ -233,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--data-dir", type=Path, default=None, help="read the keyring on disk instead")
     show.add_argument("--json", action="store_true")
     _add_client_tls_options(show)
+    rotate = keys.add_parser("rotate", help="new active HPKE key; the old one is kept until drained")
+    rotate.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    rotate.add_argument("--kem", choices=["x25519", "x25519-mlkem768"], default="x25519")
+    _add_client_tls_options(rotate)
+    destroy = keys.add_parser("destroy", help="overwrite and remove a retired key now (after draining)")
+    destroy.add_argument("key_id", type=_positive_int)
+    destroy.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    _add_client_tls_options(destroy)
 
     for module in _command_modules():
         module.register(sub)
@@ -327,11 +351,13 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "delta": c.delta,
         "n_min": c.n_min,
         "key_id": c.key_id,
+        "hpke_suite": c.hpke_suite,
         "ciphertext_length": c.ciphertext_length,
         "device_budget_epsilon": c.device_budget_epsilon,
         "target_epsilon": c.target_epsilon,
         "expected_n": c.expected_n,
         "params": dict(c.params),
+        "signature": c.signature.hex(),
     }
 
 
@@ -417,6 +443,7 @@ def _run(args: argparse.Namespace) -> int:
                     store=args.store,
                     tls=server_tls(args),
                     insecure=args.insecure,
+                    key_drain_s=args.key_drain_s,
                 )
             )
         )
@@ -473,6 +500,7 @@ def _run(args: argparse.Namespace) -> int:
             n_min=args.n_min,
             device_budget_epsilon=args.budget,
             quota_per_source=args.quota_per_source,
+            kem=args.kem,
         )
         tls = client_tls(args)
         created: pb.Campaign = asyncio.run(
@@ -496,6 +524,13 @@ def _run(args: argparse.Namespace) -> int:
                     f" for central ε ≤ {created.target_epsilon:g} at δ = {created.delta:g}"
                     f" in shuffles of n ≥ {created.expected_n}"
                 )
+        return 0
+    if args.command == "campaign" and args.action == "close":
+        closing = pb.KeyCloseCampaignRequest(campaign_id=args.campaign)
+        closed: pb.Campaign = asyncio.run(
+            _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30), tls=client_tls(args))
+        )
+        print(f"closed {closed.id} at {closed.window_end_unix}; description re-signed")
         return 0
     if args.command == "campaign" and args.action == "list":
         listed: pb.ListCampaignsResponse = asyncio.run(
@@ -547,30 +582,57 @@ def _run(args: argparse.Namespace) -> int:
             print(manipulation_line(answer))
         return 0
     if args.command == "keys":
-        if args.data_dir is not None:
-            from deniable.aggregator.keys import Keyring
-
-            infos = Keyring.load_or_create(args.data_dir, create=False).infos()
-        else:
-            tls = client_tls(args)
-            keys: pb.ListKeysResponse = asyncio.run(
-                _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=tls)
-            )
-            infos = list(keys.keys)
-        rows = [
-            {"key_id": k.key_id, "public_key": k.public_key.hex(), "suite": k.hpke_suite, "active": k.active}
-            for k in infos
-        ]
-        if args.json:
-            _print_json(rows)
-        else:
-            for row in rows:
-                print(
-                    f"{row['key_id']}\t{'active' if row['active'] else 'retired'}"
-                    f"\t{row['suite']}\t{row['public_key']}"
-                )
-        return 0
+        return _keys(args)
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _key_row(k: pb.KeyInfo) -> dict[str, Any]:
+    return {
+        "key_id": k.key_id,
+        "public_key": k.public_key.hex(),
+        "suite": k.hpke_suite,
+        "kem": k.kem,
+        "active": k.active,
+        "state": k.state,
+        "campaigns": list(k.campaigns),
+    }
+
+
+def _keys(args: argparse.Namespace) -> int:
+    """``keys show|rotate|destroy``: the keyring as the aggregator (or its data directory) has it."""
+    if args.action == "rotate":
+        rotating = pb.KeyRotateRequest(kem=args.kem)
+        info: pb.KeyInfo = asyncio.run(_call(args.aggregator, lambda s: s.RotateKey(rotating, timeout=30), tls=client_tls(args)))
+        print(
+            f"key {info.key_id} ({info.kem}) is active; earlier keys stay until their campaigns"
+            " close and drain"
+        )
+        return 0
+    if args.action == "destroy":
+        destroying = pb.KeyDestroyRequest(key_id=args.key_id)
+        info = asyncio.run(_call(args.aggregator, lambda s: s.DestroyKey(destroying, timeout=30), tls=client_tls(args)))
+        print(f"key {info.key_id} destroyed (file overwritten and removed)")
+        return 0
+    if args.data_dir is not None:
+        from deniable.aggregator.keys import Keyring
+
+        keyring = Keyring.load_or_create(args.data_dir, create=False)
+        listing = pb.ListKeysResponse(keys=keyring.infos(), signing_public_key=keyring.signing.public_raw)
+    else:
+        listing = asyncio.run(
+            _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=client_tls(args))
+        )
+    rows = [_key_row(k) for k in listing.keys]
+    if args.json:
+        _print_json({"signing_public_key": listing.signing_public_key.hex(), "keys": rows})
+        return 0
+    print(f"signing key (Ed25519, pin this in apps): {listing.signing_public_key.hex()}")
+    for row in rows:
+        campaigns = ",".join(row["campaigns"]) or "-"
+        print(
+            f"{row['key_id']}\t{row['state']}\t{row['kem']}\t{row['public_key'][:64]}\tcampaigns: {campaigns}"
+        )
+    return 0
 
 
 # Which extra installs a module the CLI may need (the bare install is the device SDK only).

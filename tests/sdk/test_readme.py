@@ -1,7 +1,8 @@
 """The README's device SDK snippets run as written against a real shuffler and aggregator.
 
 Every ```python block of the "Device SDK" section runs in its own directory and interpreter;
-the only change is the shuffler address (the test's free port instead of 127.0.0.1:7701).
+the only changes are the shuffler address (the test's free port instead of 127.0.0.1:7701) and
+the pinned signing key (the test aggregator's instead of the placeholder).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import re
 import sys
 from pathlib import Path
 
+from deniable.v1 import deniable_pb2 as pb
 from tests.sdk_services import binary_campaign, counted, running_services
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 WRITTEN_ADDRESS = "127.0.0.1:7701"
+WRITTEN_KEY = '"…"'
 
 
 def sdk_snippets() -> list[str]:
@@ -29,18 +32,20 @@ def test_the_section_has_a_sync_and_an_async_snippet() -> None:
     snippets = sdk_snippets()
     assert len(snippets) >= 2
     assert any("SyncReporter" in s for s in snippets) and any("asyncio.run" in s for s in snippets)
-    assert all(WRITTEN_ADDRESS in s for s in snippets)
+    assert all(WRITTEN_ADDRESS in s and WRITTEN_KEY in s for s in snippets)
 
 
 async def test_readme_snippets_run_and_their_reports_are_counted(tmp_path: Path) -> None:
     """Each snippet sends one report (its own outbox and budget); the aggregator counts them all."""
     snippets = sdk_snippets()
     async with running_services(tmp_path, [binary_campaign("dark-mode")]) as services:
+        keys = await services.operator.ListKeys(pb.ListKeysRequest(), timeout=30)
         for number, snippet in enumerate(snippets):
             workdir = tmp_path / f"snippet{number}"
             workdir.mkdir()
             (workdir / "certs").symlink_to(services.certs)
             code = snippet.replace(WRITTEN_ADDRESS, services.shuffler_address)
+            code = code.replace(WRITTEN_KEY, repr(keys.signing_public_key.hex()))
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-c",

@@ -183,6 +183,7 @@ class Campaign(google.protobuf.message.Message):
     EXPECTED_N_FIELD_NUMBER: builtins.int
     PARAMS_FIELD_NUMBER: builtins.int
     QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
+    SIGNATURE_FIELD_NUMBER: builtins.int
     id: builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: builtins.str
@@ -224,6 +225,11 @@ class Campaign(google.protobuf.message.Message):
     """--- tls ---
     reports one source address (or device credential) may spool
     """
+    signature: builtins.bytes
+    """per window at a shuffler; 0: the shuffler's default
+    Ed25519 signature by the aggregator's signing key over every other field (docs/security.md,
+    "Campaign signatures"): devices refuse a description whose signature does not verify.
+    """
     @property
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -257,8 +263,9 @@ class Campaign(google.protobuf.message.Message):
         expected_n: builtins.int = ...,
         params: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
         quota_per_source: builtins.int = ...,
+        signature: builtins.bytes = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___Campaign: typing_extensions.TypeAlias = Campaign
 
@@ -611,6 +618,7 @@ class CreateCampaignRequest(google.protobuf.message.Message):
     TARGET_EPSILON_FIELD_NUMBER: builtins.int
     EXPECTED_N_FIELD_NUMBER: builtins.int
     QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
+    KEM_FIELD_NUMBER: builtins.int
     id: builtins.str
     question: builtins.str
     kind: Global___DomainKind.ValueType
@@ -633,6 +641,8 @@ class CreateCampaignRequest(google.protobuf.message.Message):
     """--- tls ---
     per-source quota at shufflers; 0: each shuffler's default
     """
+    kem: builtins.str
+    """"x25519" (default) or "x25519-mlkem768" (post-quantum hybrid)"""
     @property
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """required for CATEGORICAL, ignored for BINARY"""
@@ -659,8 +669,9 @@ class CreateCampaignRequest(google.protobuf.message.Message):
         target_epsilon: builtins.float = ...,
         expected_n: builtins.int = ...,
         quota_per_source: builtins.int = ...,
+        kem: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kem", b"kem", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___CreateCampaignRequest: typing_extensions.TypeAlias = CreateCampaignRequest
 
@@ -872,11 +883,22 @@ class KeyInfo(google.protobuf.message.Message):
     HPKE_SUITE_FIELD_NUMBER: builtins.int
     ACTIVE_FIELD_NUMBER: builtins.int
     CREATED_UNIX_FIELD_NUMBER: builtins.int
+    STATE_FIELD_NUMBER: builtins.int
+    KEM_FIELD_NUMBER: builtins.int
+    CAMPAIGNS_FIELD_NUMBER: builtins.int
     key_id: builtins.int
     public_key: builtins.bytes
     hpke_suite: builtins.str
     active: builtins.bool
     created_unix: builtins.int
+    state: builtins.str
+    """"active", "retired" (kept for campaigns sealed to it), "destroyed" """
+    kem: builtins.str
+    """"x25519" or "x25519-mlkem768" """
+    @property
+    def campaigns(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """campaigns sealed to this key"""
+
     def __init__(
         self,
         *,
@@ -885,8 +907,11 @@ class KeyInfo(google.protobuf.message.Message):
         hpke_suite: builtins.str = ...,
         active: builtins.bool = ...,
         created_unix: builtins.int = ...,
+        state: builtins.str = ...,
+        kem: builtins.str = ...,
+        campaigns: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["active", b"active", "created_unix", b"created_unix", "hpke_suite", b"hpke_suite", "key_id", b"key_id", "public_key", b"public_key"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["active", b"active", "campaigns", b"campaigns", "created_unix", b"created_unix", "hpke_suite", b"hpke_suite", "kem", b"kem", "key_id", b"key_id", "public_key", b"public_key", "state", b"state"]) -> None: ...
 
 Global___KeyInfo: typing_extensions.TypeAlias = KeyInfo
 
@@ -905,16 +930,75 @@ class ListKeysResponse(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     KEYS_FIELD_NUMBER: builtins.int
+    SIGNING_PUBLIC_KEY_FIELD_NUMBER: builtins.int
+    signing_public_key: builtins.bytes
+    """raw Ed25519 key that signs campaign descriptions (apps pin it)"""
     @property
     def keys(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___KeyInfo]: ...
     def __init__(
         self,
         *,
         keys: collections.abc.Iterable[Global___KeyInfo] | None = ...,
+        signing_public_key: builtins.bytes = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["keys", b"keys"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["keys", b"keys", "signing_public_key", b"signing_public_key"]) -> None: ...
 
 Global___ListKeysResponse: typing_extensions.TypeAlias = ListKeysResponse
+
+@typing.final
+class KeyRotateRequest(google.protobuf.message.Message):
+    """--- sign ---
+
+    A new active HPKE key for one KEM: campaigns created from now on use it; old keys are retired.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    KEM_FIELD_NUMBER: builtins.int
+    kem: builtins.str
+    """"x25519" (default) or "x25519-mlkem768" """
+    def __init__(
+        self,
+        *,
+        kem: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["kem", b"kem"]) -> None: ...
+
+Global___KeyRotateRequest: typing_extensions.TypeAlias = KeyRotateRequest
+
+@typing.final
+class KeyDestroyRequest(google.protobuf.message.Message):
+    """Overwrite and remove a retired key's private file. Refused while any campaign sealed to it is open."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: builtins.int
+    key_id: builtins.int
+    def __init__(
+        self,
+        *,
+        key_id: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["key_id", b"key_id"]) -> None: ...
+
+Global___KeyDestroyRequest: typing_extensions.TypeAlias = KeyDestroyRequest
+
+@typing.final
+class KeyCloseCampaignRequest(google.protobuf.message.Message):
+    """End a campaign's window now (the description is re-signed); its reports can then be drained."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    def __init__(
+        self,
+        *,
+        campaign_id: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id"]) -> None: ...
+
+Global___KeyCloseCampaignRequest: typing_extensions.TypeAlias = KeyCloseCampaignRequest
 
 @typing.final
 class ManipulationBudget(google.protobuf.message.Message):

@@ -345,7 +345,55 @@ _AggregatorListKeysType = typing_extensions.TypeVar(
     ],
 )
 
-class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType]):
+_AggregatorRotateKeyType = typing_extensions.TypeVar(
+    '_AggregatorRotateKeyType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyRotateRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyRotateRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyRotateRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+)
+
+_AggregatorDestroyKeyType = typing_extensions.TypeVar(
+    '_AggregatorDestroyKeyType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyDestroyRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyDestroyRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyDestroyRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+)
+
+_AggregatorCloseCampaignType = typing_extensions.TypeVar(
+    '_AggregatorCloseCampaignType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+)
+
+class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorRotateKeyType, _AggregatorDestroyKeyType, _AggregatorCloseCampaignType]):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
 
     @typing.overload
@@ -377,6 +425,18 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
         grpc.UnaryUnaryMultiCallable[
             deniable.v1.deniable_pb2.ListKeysRequest,
             deniable.v1.deniable_pb2.ListKeysResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyRotateRequest,
+            deniable.v1.deniable_pb2.KeyInfo,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyDestroyRequest,
+            deniable.v1.deniable_pb2.KeyInfo,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
         ],
     ], channel: grpc.Channel) -> None: ...
 
@@ -410,6 +470,18 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
             deniable.v1.deniable_pb2.ListKeysRequest,
             deniable.v1.deniable_pb2.ListKeysResponse,
         ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyRotateRequest,
+            deniable.v1.deniable_pb2.KeyInfo,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyDestroyRequest,
+            deniable.v1.deniable_pb2.KeyInfo,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
     ], channel: grpc.aio.Channel) -> None: ...
 
     CreateCampaign: _AggregatorCreateCampaignType
@@ -425,6 +497,13 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
     Histogram: _AggregatorHistogramType
 
     ListKeys: _AggregatorListKeysType
+
+    RotateKey: _AggregatorRotateKeyType
+    """--- sign ---"""
+
+    DestroyKey: _AggregatorDestroyKeyType
+
+    CloseCampaign: _AggregatorCloseCampaignType
 
 AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
     grpc.aio.UnaryUnaryMultiCallable[
@@ -454,6 +533,18 @@ AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
     grpc.aio.UnaryUnaryMultiCallable[
         deniable.v1.deniable_pb2.ListKeysRequest,
         deniable.v1.deniable_pb2.ListKeysResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyRotateRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyDestroyRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
     ],
 ]
 
@@ -508,5 +599,27 @@ class AggregatorServicer(metaclass=abc.ABCMeta):
         request: deniable.v1.deniable_pb2.ListKeysRequest,
         context: _ServicerContext,
     ) -> typing.Union[deniable.v1.deniable_pb2.ListKeysResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.ListKeysResponse]]: ...
+
+    @abc.abstractmethod
+    def RotateKey(
+        self,
+        request: deniable.v1.deniable_pb2.KeyRotateRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.KeyInfo, collections.abc.Awaitable[deniable.v1.deniable_pb2.KeyInfo]]:
+        """--- sign ---"""
+
+    @abc.abstractmethod
+    def DestroyKey(
+        self,
+        request: deniable.v1.deniable_pb2.KeyDestroyRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.KeyInfo, collections.abc.Awaitable[deniable.v1.deniable_pb2.KeyInfo]]: ...
+
+    @abc.abstractmethod
+    def CloseCampaign(
+        self,
+        request: deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]: ...
 
 def add_AggregatorServicer_to_server(servicer: AggregatorServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...
