@@ -602,7 +602,9 @@ def _keys(args: argparse.Namespace) -> int:
     """``keys show|rotate|destroy``: the keyring as the aggregator (or its data directory) has it."""
     if args.action == "rotate":
         rotating = pb.KeyRotateRequest(kem=args.kem)
-        info: pb.KeyInfo = asyncio.run(_call(args.aggregator, lambda s: s.RotateKey(rotating, timeout=30), tls=client_tls(args)))
+        info: pb.KeyInfo = asyncio.run(
+            _call(args.aggregator, lambda s: s.RotateKey(rotating, timeout=30), tls=client_tls(args))
+        )
         print(
             f"key {info.key_id} ({info.kem}) is active; earlier keys stay until their campaigns"
             " close and drain"
@@ -610,7 +612,9 @@ def _keys(args: argparse.Namespace) -> int:
         return 0
     if args.action == "destroy":
         destroying = pb.KeyDestroyRequest(key_id=args.key_id)
-        info = asyncio.run(_call(args.aggregator, lambda s: s.DestroyKey(destroying, timeout=30), tls=client_tls(args)))
+        info = asyncio.run(
+            _call(args.aggregator, lambda s: s.DestroyKey(destroying, timeout=30), tls=client_tls(args))
+        )
         print(f"key {info.key_id} destroyed (file overwritten and removed)")
         return 0
     if args.data_dir is not None:
@@ -620,7 +624,9 @@ def _keys(args: argparse.Namespace) -> int:
         listing = pb.ListKeysResponse(keys=keyring.infos(), signing_public_key=keyring.signing.public_raw)
     else:
         listing = asyncio.run(
-            _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=client_tls(args))
+            _call(
+                args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=client_tls(args)
+            )
         )
     rows = [_key_row(k) for k in listing.keys]
     if args.json:

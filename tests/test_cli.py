@@ -202,7 +202,9 @@ def test_without_tls_or_insecure_every_command_is_a_one_line_error(command: list
     assert len(lines) == 1 and "--insecure" in lines[0], result.stderr
 
 
-def test_key_rotation_hybrid_campaign_close_and_destroy_commands(services: tuple[str, str], certs: Path) -> None:
+def test_key_rotation_hybrid_campaign_close_and_destroy_commands(
+    services: tuple[str, str], certs: Path
+) -> None:
     """keys rotate / campaign create --kem / campaign close / keys destroy, through the served CLI."""
     aggregator, _ = services
     op = ["--aggregator", aggregator, *_tls(certs, "operator")]
@@ -222,7 +224,6 @@ def test_key_rotation_hybrid_campaign_close_and_destroy_commands(services: tuple
         for k in json.loads(_run("keys", "show", *op, "--json").stdout)["keys"]
     }
     assert states == {1: ("destroyed", "x25519"), 2: ("active", "x25519"), 3: ("active", "x25519-mlkem768")}
-
 
 
 def test_port_taken_is_a_one_line_configuration_error(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def _change(campaign: pb.Campaign, field: FieldDescriptor) -> None:
         mapping: Any = getattr(campaign, name)
         mapping[f"k{len(mapping)}"] = 1.5
         return
-    if field.is_repeated:  # type: ignore[attr-defined]
+    if field.label == FieldDescriptor.LABEL_REPEATED:
         getattr(campaign, name).append(f"v{len(getattr(campaign, name))}")
         return
     current = getattr(campaign, name)

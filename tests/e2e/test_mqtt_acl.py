@@ -116,9 +116,12 @@ async def test_devices_behind_the_shipped_broker_get_verified_campaigns(
 ) -> None:
     """The real shuffler logs in as its user and announces; a device logs in as a device, fetches
     and verifies; a device's attempt to overwrite the description changes nothing it receives."""
-    aggregator = await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
+    aggregator = await start_aggregator(
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    )
     shuffler = await start_shuffler(
         ShufflerConfig(
+            insecure=True,
             data_dir=tmp_path / "shuf",
             upstream=aggregator.address,
             listen="127.0.0.1:0",
@@ -126,7 +129,7 @@ async def test_devices_behind_the_shipped_broker_get_verified_campaigns(
         )
     )
     channel = insecure_channel(aggregator.address)
-    device = MqttTransport(_as(shipped_broker, "device"), timeout_s=5.0, campaign_wait_s=2.0)
+    device = MqttTransport(_as(shipped_broker, "device"), timeout_s=5.0, campaign_wait_s=2.0, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
     try:
         operator = pb_grpc.AggregatorStub(channel)

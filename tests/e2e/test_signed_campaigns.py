@@ -68,10 +68,16 @@ class Stack:
 
 
 async def _stack(tmp_path: Path, mqtt_config: MqttIngressConfig | None = None) -> Stack:
-    aggregator = await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
+    aggregator = await start_aggregator(
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    )
     shuffler = await start_shuffler(
         ShufflerConfig(
-            data_dir=tmp_path / "shuf", upstream=aggregator.address, listen="127.0.0.1:0", mqtt=mqtt_config
+            insecure=True,
+            data_dir=tmp_path / "shuf",
+            upstream=aggregator.address,
+            listen="127.0.0.1:0",
+            mqtt=mqtt_config,
         )
     )
     operator = pb_grpc.AggregatorStub(insecure_channel(aggregator.address))
@@ -150,7 +156,7 @@ async def test_a_shuffler_rewriting_the_description_is_refused(
     pb_grpc.add_ShufflerServicer_to_server(TamperingProxy(pb_grpc.ShufflerStub(upstream), tamper), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    transport = GrpcTransport(f"127.0.0.1:{port}", timeout_s=10)
+    transport = GrpcTransport(f"127.0.0.1:{port}", timeout_s=10, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
     try:
         gullible = await Reporter.fetch("lang", transport, outbox, insecure_skip_verify=True)
@@ -177,7 +183,7 @@ async def test_untampered_description_verifies_and_policy_refuses_weaker_campaig
     """Through the real shuffler the signed description verifies; without a pinned key the SDK
     refuses unless told to skip by name; a signed campaign weaker than the policy is a policy error."""
     await stack.create("lang", n_min=5)
-    transport = GrpcTransport(stack.shuffler.address, timeout_s=10)
+    transport = GrpcTransport(stack.shuffler.address, timeout_s=10, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
     try:
         reporter = await Reporter.fetch("lang", transport, outbox, aggregator_key=stack.pinned)
@@ -204,7 +210,7 @@ async def test_spoofed_retained_mqtt_campaign_is_refused(
     """On an open broker anyone can replace the retained campaign (another key, ε0 raised): the
     skipping device takes it; the pinned device refuses it (and accepts the shuffler's original)."""
     running = await _stack(tmp_path, MqttIngressConfig(broker=mqtt_broker, prefix=mqtt_prefix))
-    device = MqttTransport(mqtt_broker, prefix=mqtt_prefix, timeout_s=5.0, campaign_wait_s=2.0)
+    device = MqttTransport(mqtt_broker, prefix=mqtt_prefix, timeout_s=5.0, campaign_wait_s=2.0, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
     try:
         await running.create("lang")
@@ -237,7 +243,7 @@ async def test_rotation_counts_every_report_sealed_to_the_old_key_then_destroys_
     destroyed while its campaign is open; after drain and close its file is gone."""
     old = await stack.create("old")
     assert old.key_id == 1
-    transport = GrpcTransport(stack.shuffler.address, timeout_s=10)
+    transport = GrpcTransport(stack.shuffler.address, timeout_s=10, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
     key_file = tmp_path / "agg" / "keys" / "1.key"
     try:
@@ -282,7 +288,7 @@ async def test_hybrid_kem_campaign_runs_end_to_end(stack: Stack, tmp_path: Path)
     campaign = await stack.create("pq", kem="x25519-mlkem768")
     assert campaign.hpke_suite == HYBRID_SUITE_NAME and len(campaign.public_key) == 1216
     assert campaign.ciphertext_length == campaign.plaintext_length + 1136
-    transport = GrpcTransport(stack.shuffler.address, timeout_s=10)
+    transport = GrpcTransport(stack.shuffler.address, timeout_s=10, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
     try:
         device = await Reporter.fetch("pq", transport, outbox, aggregator_key=stack.pinned)
@@ -304,7 +310,7 @@ async def test_a_description_from_the_shufflers_durable_cache_still_verifies(tmp
     try:
         created = await running.create("lang")
         other = await running.create("other")
-        transport = GrpcTransport(running.shuffler.address, timeout_s=10)
+        transport = GrpcTransport(running.shuffler.address, timeout_s=10, insecure=True)
         for campaign_id in ("lang", "other"):  # cached now
             await Reporter.fetch(campaign_id, transport, outbox, aggregator_key=running.pinned)
         await transport.close()
@@ -316,10 +322,13 @@ async def test_a_description_from_the_shufflers_durable_cache_still_verifies(tmp
         await running.shuffler.stop()
         shuffler = await start_shuffler(
             ShufflerConfig(
-                data_dir=tmp_path / "shuf", upstream=running.aggregator.address, listen="127.0.0.1:0"
+                insecure=True,
+                data_dir=tmp_path / "shuf",
+                upstream=running.aggregator.address,
+                listen="127.0.0.1:0",
             )
         )
-        transport = GrpcTransport(shuffler.address, timeout_s=10)
+        transport = GrpcTransport(shuffler.address, timeout_s=10, insecure=True)
         try:
             cached = await Reporter.fetch("lang", transport, outbox, aggregator_key=running.pinned)
             assert cached.campaign == created

@@ -12,7 +12,6 @@ import re
 import sys
 from pathlib import Path
 
-from deniable.v1 import deniable_pb2 as pb
 from tests.sdk_services import binary_campaign, counted, running_services
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -39,13 +38,12 @@ async def test_readme_snippets_run_and_their_reports_are_counted(tmp_path: Path)
     """Each snippet sends one report (its own outbox and budget); the aggregator counts them all."""
     snippets = sdk_snippets()
     async with running_services(tmp_path, [binary_campaign("dark-mode")]) as services:
-        keys = await services.operator.ListKeys(pb.ListKeysRequest(), timeout=30)
         for number, snippet in enumerate(snippets):
             workdir = tmp_path / f"snippet{number}"
             workdir.mkdir()
             (workdir / "certs").symlink_to(services.certs)
             code = snippet.replace(WRITTEN_ADDRESS, services.shuffler_address)
-            code = code.replace(WRITTEN_KEY, repr(keys.signing_public_key.hex()))
+            code = code.replace(WRITTEN_KEY, repr(services.signing_key))
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-c",
