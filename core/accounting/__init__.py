@@ -15,6 +15,7 @@ from deniable.core.accounting.analyses import (
     GRRBlanket,
     GRRFullBlanket,
     NotApplicable,
+    VariationRatio,
 )
 from deniable.core.accounting.composition import (
     Guarantee,
@@ -53,6 +54,7 @@ __all__ = [
     "NotApplicable",
     "Plan",
     "PlanningError",
+    "VariationRatio",
     "advanced_composition",
     "all_bounds",
     "analyses_for",

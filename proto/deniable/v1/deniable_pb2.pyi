@@ -857,6 +857,7 @@ class PrivacyStatement(_message.Message):
     SMALLEST_BATCH_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
     LOCAL_GUARANTEE_FIELD_NUMBER: _builtins.int
+    EVALUATED_N_FIELD_NUMBER: _builtins.int
     epsilon0: _builtins.float
     """local guarantee of every report"""
     central_epsilon: _builtins.float
@@ -870,6 +871,10 @@ class PrivacyStatement(_message.Message):
     note: _builtins.str
     local_guarantee: _builtins.bool
     """epsilon0 holds locally (false for shuffle-only protocols)"""
+    evaluated_n: _builtins.int
+    """--- acct ---
+    the analysis ran at n' = this < smallest_batch (cost budget); 0: at the batch size
+    """
     def __init__(
         self,
         *,
@@ -881,10 +886,11 @@ class PrivacyStatement(_message.Message):
         smallest_batch: _builtins.int = ...,
         note: _builtins.str = ...,
         local_guarantee: _builtins.bool = ...,
+        evaluated_n: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "evaluated_n", b"evaluated_n", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
