@@ -174,7 +174,7 @@ def _row_ratios(
     numerator = a + (extra - delta[:, None])
     denominator = b - allowance
     positive = numerator > 0
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.where(positive, numerator / denominator, 0.0)
     ratio = np.where(positive & (denominator <= 0), np.inf, ratio)
     return np.maximum(np.max(ratio, axis=1), 1.0) * _summation_factor(width)

@@ -1,0 +1,123 @@
+"""Accountant quality and speed: binary RR against the exact shuffled-RR epsilon, and the
+variation-ratio gains for the other local randomisers.
+
+    python bench/accounting.py [--quick] [--json bench-results/accounting.json]
+
+For binary RR at n in {1e4 .. 1e7}, eps0 in {0.5, 1, 2, 4, 8}, delta in {1e-6, 1e-8}: the
+accountant's epsilon, the exact epsilon of the worst configuration the search evaluated (a lower
+bound on the exact shuffled-RR epsilon; at n = 1e4 the exhaustive value itself), their worst ratio
+(an upper bound on the accountant's ratio to exact) and the wall time of a cold ``best_bound``.
+Then, per mechanism, the variation-ratio epsilon against the best of the other analyses.
+Timings depend on the machine's load (printed first); nothing here is a test assertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def binary_rr_rows(ns: list[int], eps0s: list[float], deltas: list[float]) -> list[dict[str, Any]]:
+    """One row per (n, eps0, delta): accountant eps, exact lower bound, ratio, seconds."""
+    from deniable.core.accounting import BinaryRRExact, best_bound, realised_probabilities
+    from deniable.core.accounting import _binary_rr
+    from deniable.core.accounting.accountant import clear_cache
+    from deniable.core.accounting.analyses import GRID_TOLERANCE
+
+    rows = []
+    for n in ns:
+        for eps0 in eps0s:
+            keep = float(realised_probabilities("binary_rr", eps0, 2)[0])
+            for delta in deltas:
+                clear_cache()
+                start = time.perf_counter()
+                bound = best_bound(eps0, n, delta, "binary_rr")
+                seconds = time.perf_counter() - start
+                analysis = BinaryRRExact(eps0, n, keep)
+                if analysis.exhaustive:
+                    lower = _binary_rr.exact_epsilon(keep, n, delta)
+                else:
+                    lower = _binary_rr.grid_epsilon(keep, n, delta, GRID_TOLERANCE).lower
+                rows.append(
+                    {
+                        "n": n,
+                        "epsilon0": eps0,
+                        "delta": delta,
+                        "accountant": bound.epsilon,
+                        "analysis": bound.analysis,
+                        "exact_lower": lower,
+                        "ratio": bound.epsilon / lower if lower > 0 else None,
+                        "seconds": round(seconds, 3),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def variation_rows(settings: list[tuple[str, float, int, int]], delta: float) -> list[dict[str, Any]]:
+    """Per (mechanism, eps0, k, n): the variation-ratio epsilon and the best other analysis."""
+    from deniable.core import mechanisms
+    from deniable.core.accounting import VariationRatio, all_bounds
+
+    rows = []
+    for name, eps0, k, n in settings:
+        randomiser = mechanisms.create(name, epsilon0=eps0, domain_size=k)
+        variation = randomiser.variation_parameters()
+        start = time.perf_counter()
+        bounds = all_bounds(eps0, n, delta, name, k, variation)
+        seconds = time.perf_counter() - start
+        ours = [b.epsilon for b in bounds if b.analysis == VariationRatio.name]
+        others = [b for b in bounds if b.analysis != VariationRatio.name]
+        best_other = min(others, key=lambda b: b.epsilon)
+        rows.append(
+            {
+                "mechanism": name,
+                "epsilon0": eps0,
+                "k": k,
+                "n": n,
+                "delta": delta,
+                "variation_ratio": ours[0] if ours else None,
+                "best_other": best_other.epsilon,
+                "best_other_analysis": best_other.analysis,
+                "seconds_all_analyses": round(seconds, 3),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="n = 1e4 and 1e5, eps0 1 and 4 only")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    ns = [10**4, 10**5] if args.quick else [10**4, 10**5, 10**6, 10**7]
+    eps0s = [1.0, 4.0] if args.quick else [0.5, 1.0, 2.0, 4.0, 8.0]
+    rr = binary_rr_rows(ns, eps0s, [1e-6, 1e-8])
+    worst = max(r["ratio"] for r in rr if r["ratio"] is not None)
+    print(f"worst accountant / exact-lower ratio: {worst:.5f}; slowest: {max(r['seconds'] for r in rr):.2f} s")
+    settings = [
+        ("grr", 1.0, 10, 10**5),
+        ("grr", 2.0, 3, 10**6),
+        ("grr", 4.0, 100, 10**7),
+        ("sue", 1.0, 64, 10**5),
+        ("oue", 2.0, 64, 10**6),
+        ("olh", 3.0, 256, 10**5),
+        ("hadamard_response", 2.0, 64, 10**6),
+        ("subset_selection", 3.0, 64, 10**5),
+    ]
+    vr = variation_rows(settings[:3] if args.quick else settings, 1e-6)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"binary_rr": rr, "variation_ratio": vr}, indent=2, allow_nan=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
