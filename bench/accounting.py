@@ -24,8 +24,7 @@ from typing import Any
 
 def binary_rr_rows(ns: list[int], eps0s: list[float], deltas: list[float]) -> list[dict[str, Any]]:
     """One row per (n, eps0, delta): accountant eps, exact lower bound, ratio, seconds."""
-    from deniable.core.accounting import BinaryRRExact, best_bound, realised_probabilities
-    from deniable.core.accounting import _binary_rr
+    from deniable.core.accounting import BinaryRRExact, _binary_rr, best_bound, realised_probabilities
     from deniable.core.accounting.accountant import clear_cache
     from deniable.core.accounting.analyses import GRID_TOLERANCE
 
@@ -101,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     eps0s = [1.0, 4.0] if args.quick else [0.5, 1.0, 2.0, 4.0, 8.0]
     rr = binary_rr_rows(ns, eps0s, [1e-6, 1e-8])
     worst = max(r["ratio"] for r in rr if r["ratio"] is not None)
-    print(f"worst accountant / exact-lower ratio: {worst:.5f}; slowest: {max(r['seconds'] for r in rr):.2f} s")
+    print(
+        f"worst accountant / exact-lower ratio: {worst:.5f}; slowest: {max(r['seconds'] for r in rr):.2f} s"
+    )
     settings = [
         ("grr", 1.0, 10, 10**5),
         ("grr", 2.0, 3, 10**6),
