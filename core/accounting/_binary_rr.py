@@ -243,9 +243,13 @@ def _single_report_epsilon(keep: float, delta: float) -> float:
 
 # --- every n: configuration intervals, each bounded by one smaller configuration (docs/amplification.md §5)
 
-# Intervals of configurations per refinement round, and how many pieces a refined interval becomes.
-_GRID_START = 64
+# Intervals at the start (at least _GRID_START, and _GRID_START_PER_RATE per unit of the conversion
+# rate, so that in flat regions the first round already meets the tolerance), how many pieces a
+# refined interval becomes, and how many configurations per round are evaluated exactly.
+_GRID_START = 16
+_GRID_START_PER_RATE = 170
 _GRID_SPLIT = 4
+_EXACT_PER_ROUND = 6
 # Chernoff tail beyond the converted-users quantile: at most e^-46 ~ 1e-20, added to delta.
 _REDUCTION_LOG_TAIL = 46.0
 
@@ -283,22 +287,25 @@ def _refine(
     accept: Callable[[float, float], bool],
 ) -> GridResult:
     """Cover the ones-count a in [0, N] by intervals [lo, hi]; bound each by the configuration
-    (lo ones, N - lo - f zeros) with f the converted-users quantile (Lemma 2), evaluate the exact
-    configuration at lo (an upper bound and a strict lower bound of its value), and split every
-    interval whose bound ``accept`` rejects against the largest exact value found so far."""
+    (lo ones, N - lo - f zeros) with f the converted-users quantile (Lemma 2); evaluate exactly
+    (an upper and a strict lower bound of its value) the configuration at lo of the intervals with
+    the largest bounds, and split every interval whose bound ``accept`` rejects against the
+    largest exact value found so far. Single points are exact."""
     others = n - 1
     converted = (2 * keep - 1) / keep  # a one-user is "always 1" w.p. (p - q)/p, else a zero-user
-    pending = _pieces(0, others, _GRID_START)
+    start = max(_GRID_START, math.ceil(_GRID_START_PER_RATE * converted))
+    pending = [*_pieces(0, others - 1, start), (others, others)] if others > 0 else [(0, 0)]
     accepted, reference, best_lower, computed = 0.0, 0.0, 0.0, 0
     while pending:
         los = np.array([lo for lo, _ in pending], dtype=np.int64)
         cuts = [_reduction(hi - lo, converted) for lo, hi in pending]
         zeros = np.array([max(0, others - lo - f) for (lo, _), (f, _) in zip(pending, cuts, strict=True)])
         bounds = upper(los, zeros.astype(np.int64), np.array([tau for _, tau in cuts]))
-        values, lowers = exact(los, others - los)
+        chosen = np.unique(np.concatenate((np.argsort(bounds)[-_EXACT_PER_ROUND:], [0, len(pending) - 1])))
+        values, lowers = exact(los[chosen], others - los[chosen])
         reference = max(reference, float(np.max(values)))
         best_lower = max(best_lower, float(np.max(lowers)))
-        computed += 2 * len(pending)
+        computed += len(pending) + chosen.size
         refine: list[tuple[int, int]] = []
         for (lo, hi), bound in zip(pending, bounds, strict=True):
             if hi == lo or accept(float(bound), reference):

@@ -92,15 +92,13 @@ def test_mutant_search_without_conversion_claims_too_little() -> None:
 
     keep = math.exp(2.0) / (1 + math.exp(2.0))
     exhaustive = exact_epsilon(keep, 1000, 1e-6)
-    original = module._reduction
+    saved = (module._reduction, module._GRID_START, module._GRID_START_PER_RATE)
     try:
         module._reduction = lambda size, converted: (0, 0.0)  # type: ignore[assignment]
-        module._GRID_START_SAVED = module._GRID_START  # type: ignore[attr-defined]
-        module._GRID_START = 4  # type: ignore[misc]
+        module._GRID_START, module._GRID_START_PER_RATE = 4, 0  # type: ignore[misc]
         mutant = grid_epsilon(keep, 1000, 1e-6, 1.0)
     finally:
-        module._reduction = original  # type: ignore[assignment]
-        module._GRID_START = module._GRID_START_SAVED  # type: ignore[attr-defined,misc]
+        module._reduction, module._GRID_START, module._GRID_START_PER_RATE = saved  # type: ignore[misc]
     assert mutant.value < exhaustive
 
 
