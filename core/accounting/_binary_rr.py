@@ -177,7 +177,8 @@ def _row_ratios(
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.where(positive, numerator / denominator, 0.0)
     ratio = np.where(positive & (denominator <= 0), np.inf, ratio)
-    return np.maximum(np.max(ratio, axis=1), 1.0) * _summation_factor(width)
+    out: FloatArray = np.maximum(np.max(ratio, axis=1), 1.0) * _summation_factor(width)
+    return out
 
 
 def _row_lower_ratios(
@@ -189,7 +190,8 @@ def _row_lower_ratios(
     numerator = a * (1 - 1e-12) - allowance - delta
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(numerator > 0, numerator / (b * (1 + 1e-12) + extra), 0.0)
-    return np.maximum(np.max(ratio, axis=1), 1.0)
+    out: FloatArray = np.maximum(np.max(ratio, axis=1), 1.0)
+    return out
 
 
 def _check_delta(delta: float, extra: float) -> None:
@@ -230,7 +232,8 @@ def _row_deltas(
     a, b = _split(tail, keep)
     slack = _summation_factor(width)
     best = np.max(a * slack - e * np.maximum(b / slack - allowance, 0.0), axis=1)
-    return np.maximum(best, 0.0) + extra
+    out: FloatArray = np.maximum(best, 0.0) + extra
+    return out
 
 
 def _single_report_epsilon(keep: float, delta: float) -> float:

@@ -78,8 +78,7 @@ def default_variation(mechanism: str | None, epsilon0: float, domain_size: int |
         randomiser = mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain_size)
     except (KeyError, ValueError, TypeError):
         return None
-    variation = getattr(randomiser, "variation_parameters", None)
-    return None if variation is None else variation()  # type: ignore[no-any-return]
+    return randomiser.variation_parameters()
 
 
 def analyses_for(
