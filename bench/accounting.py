@@ -1,5 +1,4 @@
-"""Accountant quality and speed: binary RR against the exact shuffled-RR epsilon, and the
-variation-ratio gains for the other local randomisers.
+"""Accountant quality and speed: binary RR against the exact shuffled-RR epsilon.
 
     python bench/accounting.py [--quick] [--json bench-results/accounting.json]
 
@@ -7,7 +6,6 @@ For binary RR at n in {1e4 .. 1e7}, eps0 in {0.5, 1, 2, 4, 8}, delta in {1e-6, 1
 accountant's epsilon, the exact epsilon of the worst configuration the search evaluated (a lower
 bound on the exact shuffled-RR epsilon; at n = 1e4 the exhaustive value itself), their worst ratio
 (an upper bound on the accountant's ratio to exact) and the wall time of a cold ``best_bound``.
-Then, per mechanism, the variation-ratio epsilon against the best of the other analyses.
 Timings depend on the machine's load (printed first); nothing here is a test assertion.
 """
 
@@ -58,38 +56,6 @@ def binary_rr_rows(ns: list[int], eps0s: list[float], deltas: list[float]) -> li
     return rows
 
 
-def variation_rows(settings: list[tuple[str, float, int, int]], delta: float) -> list[dict[str, Any]]:
-    """Per (mechanism, eps0, k, n): the variation-ratio epsilon and the best other analysis."""
-    from deniable.core import mechanisms
-    from deniable.core.accounting import VariationRatio, all_bounds
-
-    rows = []
-    for name, eps0, k, n in settings:
-        randomiser = mechanisms.create(name, epsilon0=eps0, domain_size=k)
-        variation = randomiser.variation_parameters()
-        start = time.perf_counter()
-        bounds = all_bounds(eps0, n, delta, name, k, variation)
-        seconds = time.perf_counter() - start
-        ours = [b.epsilon for b in bounds if b.analysis == VariationRatio.name]
-        others = [b for b in bounds if b.analysis != VariationRatio.name]
-        best_other = min(others, key=lambda b: b.epsilon)
-        rows.append(
-            {
-                "mechanism": name,
-                "epsilon0": eps0,
-                "k": k,
-                "n": n,
-                "delta": delta,
-                "variation_ratio": ours[0] if ours else None,
-                "best_other": best_other.epsilon,
-                "best_other_analysis": best_other.analysis,
-                "seconds_all_analyses": round(seconds, 3),
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="n = 1e4 and 1e5, eps0 1 and 4 only")
@@ -103,20 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"worst accountant / exact-lower ratio: {worst:.5f}; slowest: {max(r['seconds'] for r in rr):.2f} s"
     )
-    settings = [
-        ("grr", 1.0, 10, 10**5),
-        ("grr", 2.0, 3, 10**6),
-        ("grr", 4.0, 100, 10**7),
-        ("sue", 1.0, 64, 10**5),
-        ("oue", 2.0, 64, 10**6),
-        ("olh", 3.0, 256, 10**5),
-        ("hadamard_response", 2.0, 64, 10**6),
-        ("subset_selection", 3.0, 64, 10**5),
-    ]
-    vr = variation_rows(settings[:3] if args.quick else settings, 1e-6)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"binary_rr": rr, "variation_ratio": vr}, indent=2, allow_nan=False))
+        args.json.write_text(json.dumps({"binary_rr": rr}, indent=2, allow_nan=False))
     return 0
 
 

@@ -15,7 +15,6 @@ from deniable.core.accounting.analyses import (
     GRRBlanket,
     GRRFullBlanket,
     NotApplicable,
-    VariationRatio,
 )
 from deniable.core.accounting.composition import (
     Guarantee,
@@ -54,7 +53,6 @@ __all__ = [
     "NotApplicable",
     "Plan",
     "PlanningError",
-    "VariationRatio",
     "advanced_composition",
     "all_bounds",
     "analyses_for",

@@ -21,7 +21,6 @@ from deniable.core.accounting.analyses import (
     GRRBlanket,
     GRRFullBlanket,
     NotApplicable,
-    VariationRatio,
     check_inputs,
     is_amplified,
     local_only,
@@ -62,43 +61,13 @@ def _normalise(mechanism: str | None, domain_size: int | None) -> tuple[str | No
     return mechanism, domain_size
 
 
-Variation = tuple[float, float, float]
-
-
-def default_variation(mechanism: str | None, epsilon0: float, domain_size: int | None) -> Variation | None:
-    """(p, beta, q) of the registered randomiser with its default parameters, None if it has none.
-
-    A mechanism instance with other parameters passes its own (``variation_parameters``).
-    """
-    if mechanism is None or domain_size is None:
-        return None
-    from deniable.core import mechanisms  # lazy: accounting stays importable alone
-
-    try:
-        randomiser = mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain_size)
-    except (KeyError, ValueError, TypeError):
-        return None
-    return randomiser.variation_parameters()
-
-
 def analyses_for(
-    epsilon0: float,
-    n: int,
-    mechanism: str | None = None,
-    domain_size: int | None = None,
-    variation: Variation | None = None,
+    epsilon0: float, n: int, mechanism: str | None = None, domain_size: int | None = None
 ) -> list[Analysis]:
-    """Every analysis valid for n shuffled reports of this mechanism (generic ones when None).
-
-    ``variation`` is the randomiser's (p, beta, q); when None the registered default's is used.
-    """
+    """Every analysis valid for n shuffled reports of this mechanism (generic ones when None)."""
     check_inputs(epsilon0, n)
     mechanism, domain_size = _normalise(mechanism, domain_size)
     found: list[Analysis] = [FMT21ClosedForm(epsilon0, int(n)), FMT21NumericalClones(epsilon0, int(n))]
-    if variation is None:
-        variation = default_variation(mechanism, epsilon0, domain_size)
-    if variation is not None:
-        found.append(VariationRatio(epsilon0, int(n), *variation))
     if mechanism in (BINARY_RR, GRR) and domain_size is not None:
         keep, other = realised_probabilities(mechanism, epsilon0, domain_size)
         found.append(GRRBlanket(epsilon0, int(n), domain_size, float(keep), float(other)))
@@ -115,12 +84,10 @@ def all_bounds(
     delta: float,
     mechanism: str | None = None,
     domain_size: int | None = None,
-    variation: Variation | None = None,
 ) -> list[AmplificationBound]:
     """Each valid analysis's own guarantee at delta (local, labelled, where it gives nothing)."""
     check_inputs(epsilon0, n, delta)
-    found = analyses_for(epsilon0, n, mechanism, domain_size, variation)
-    return [analysis.bound(delta) for analysis in found]
+    return [analysis.bound(delta) for analysis in analyses_for(epsilon0, n, mechanism, domain_size)]
 
 
 def best_bound(
@@ -129,22 +96,16 @@ def best_bound(
     delta: float,
     mechanism: str | None = None,
     domain_size: int | None = None,
-    variation: Variation | None = None,
 ) -> AmplificationBound:
     """The smallest epsilon any valid analysis certifies at delta, naming it; never above epsilon0."""
     check_inputs(epsilon0, n, delta)
     mechanism, domain_size = _normalise(mechanism, domain_size)
-    return _best_bound(float(epsilon0), int(n), float(delta), mechanism, domain_size, variation)
+    return _best_bound(float(epsilon0), int(n), float(delta), mechanism, domain_size)
 
 
 @functools.lru_cache(maxsize=4096)
 def _best_bound(
-    epsilon0: float,
-    n: int,
-    delta: float,
-    mechanism: str | None,
-    domain_size: int | None,
-    variation: Variation | None = None,
+    epsilon0: float, n: int, delta: float, mechanism: str | None, domain_size: int | None
 ) -> AmplificationBound:
     if n <= 1:
         return local_only(epsilon0, f"n={n}: no other reports to hide among; the local guarantee holds")
@@ -154,7 +115,7 @@ def _best_bound(
         )
     tried: list[str] = []
     best: tuple[float, Analysis] | None = None
-    for analysis in analyses_for(epsilon0, n, mechanism, domain_size, variation):
+    for analysis in analyses_for(epsilon0, n, mechanism, domain_size):
         if best is not None and analysis.epsilon_floor(delta) >= best[0]:
             tried.append(f"{analysis.name}: skipped (cannot beat {best[0]:.6g})")
             continue
@@ -182,7 +143,6 @@ def best_delta(
     epsilon: float,
     mechanism: str | None = None,
     domain_size: int | None = None,
-    variation: Variation | None = None,
 ) -> tuple[float, str]:
     """The privacy profile delta(epsilon) of n shuffled reports: the pointwise minimum of every
     valid analysis's profile (each is an upper bound, so their minimum is one), and its name.
@@ -198,7 +158,7 @@ def best_delta(
     best, name = 1.0, LOCAL_ONLY
     if n <= 1 or epsilon0 > MAX_EPSILON0:
         return best, name
-    for analysis in analyses_for(epsilon0, n, mechanism, domain_size, variation):
+    for analysis in analyses_for(epsilon0, n, mechanism, domain_size):
         delta = analysis.delta_for_epsilon(epsilon)
         if delta < best:
             best, name = delta, analysis.name

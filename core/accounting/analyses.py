@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from deniable.core.accounting import _binary_rr, _blanket, _variation
+from deniable.core.accounting import _binary_rr, _blanket
 from deniable.core.accounting._mixtures import clone_delta
 from deniable.core.accounting.shuffle import (
     FMT21_CLOSED_FORM,
@@ -448,55 +448,3 @@ def _cached_grid_delta(keep: float, n: int, epsilon: float) -> float:
     """The configuration search's profile (searches call it repeatedly at the same points)."""
     return _binary_rr.grid_delta(keep, n, epsilon, GRID_DELTA_TOLERANCE).value
 
-
-@dataclass(frozen=True)
-class VariationRatio(Analysis):
-    """Wang et al. 2024 variation-ratio reduction: the randomiser's (p, beta, q), pair computed exactly.
-
-    The dominating pair and its divergence are in ``_variation``; the parameters come from the
-    randomiser's realised probabilities (``LocalRandomiser.variation_parameters``).
-    """
-
-    ratio: float = 0.0
-    variation: float = 0.0
-    blanket_ratio: float = 0.0
-
-    name: ClassVar[str] = "Wang et al. 2024 variation-ratio (numerical)"
-    citation: ClassVar[str] = (
-        "S. Wang, Y. Peng, J. Li, Z. Wen, Z. Li, S. Yu, D. Wang, W. Yang, Privacy Amplification via"
-        " Shuffling: Unified, Simplified, and Tightened, PVLDB 17(8), 2024 (variation-ratio reduction)"
-    )
-    validity: ClassVar[str] = (
-        "randomisers with the (p, beta, q) variation-ratio property: GRR (k >= 3), SUE, OUE, OLH,"
-        " Hadamard response, subset selection, with p, beta, q from their realised probabilities"
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        p, beta, q = self.ratio, self.variation, self.blanket_ratio
-        if not (math.isfinite(p) and p > 1 and 0 < beta <= (p - 1) / (p + 1) * (1 + 1e-12) and 1 <= q <= p):
-            raise ValueError(f"(p, beta, q) = ({p}, {beta}, {q}) is not a variation-ratio triple")
-
-    @property
-    def local_epsilon(self) -> float:
-        return min(self.epsilon0, math.log(self.ratio))
-
-    def delta_for_epsilon(self, epsilon: float) -> float:
-        if epsilon >= self.local_epsilon:
-            return 0.0
-        return _variation.vr_delta(epsilon, self.ratio, self.variation, self.blanket_ratio, self.n)
-
-    def epsilon_for_delta(self, delta: float) -> float:
-        check_inputs(self.epsilon0, self.n, delta)
-        return _cached_variation_epsilon(
-            self.epsilon0, self.n, self.ratio, self.variation, self.blanket_ratio, delta
-        )
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_variation_epsilon(
-    epsilon0: float, n: int, p: float, beta: float, q: float, delta: float
-) -> float:
-    """About 20 evaluations per search: remember the answers."""
-    analysis = VariationRatio(epsilon0, n, p, beta, q)
-    return search_epsilon(analysis.delta_for_epsilon, delta, analysis.local_epsilon)

@@ -130,14 +130,7 @@ class LocalRandomiser(ABC):
         """
         from deniable.core.accounting import best_bound
 
-        return best_bound(
-            self.epsilon0,
-            n,
-            delta,
-            mechanism=self.name,
-            domain_size=self.domain_size,
-            variation=self.variation_parameters(),
-        )
+        return best_bound(self.epsilon0, n, delta, mechanism=self.name, domain_size=self.domain_size)
 
     def privacy_profile(self, n: int, epsilon: float) -> float:
         """delta(epsilon) of n devices' shuffled outputs: an upper bound on the hockey-stick
@@ -148,16 +141,7 @@ class LocalRandomiser(ABC):
         """
         from deniable.core.accounting import best_delta
 
-        variation = self.variation_parameters()
-        return best_delta(
-            self.epsilon0, n, epsilon, mechanism=self.name, domain_size=self.domain_size, variation=variation
-        )[0]
-
-    def variation_parameters(self) -> tuple[float, float, float] | None:
-        """(p, beta, q) of the variation-ratio reduction (Wang et al. 2024) from the realised
-        probabilities: worst ratio, total variation between two inputs, ratio to a third input.
-        None when not derived for this randomiser (then only the generic analyses apply)."""
-        return None
+        return best_delta(self.epsilon0, n, epsilon, mechanism=self.name, domain_size=self.domain_size)[0]
 
     def parameters(self) -> dict[str, float]:
         """Parameters beyond epsilon0 and the domain, as stored in ``Campaign.params``."""

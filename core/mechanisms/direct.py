@@ -143,13 +143,6 @@ class GeneralisedRandomisedResponse(DirectEncoding):
         self.keep_probability = Fraction(self._keep_weight, self._total_weight)
         self.other_probability = Fraction(_OTHER_WEIGHT, self._total_weight)
 
-    def variation_parameters(self) -> tuple[float, float, float] | None:
-        """p = keep / other, beta = keep - other (k >= 3; binary RR has its exact analysis)."""
-        if self.domain_size < 3:
-            return None
-        ratio = self.keep_probability / self.other_probability
-        return float(ratio), float(self.keep_probability - self.other_probability), float(ratio)
-
     def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
         self.check_value(value)
         value = int(value)

@@ -151,12 +151,6 @@ class HadamardResponse(LocalRandomiser):
         """ln(T / (2^64 - T)): every pair of rows disagrees on K/2 indices, so the ratio is attained."""
         return math.log(self._inside_threshold) - math.log((1 << PROBABILITY_BITS) - self._inside_threshold)
 
-    def variation_parameters(self) -> tuple[float, float, float] | None:
-        """Two rows' sets share K/4 indices: total variation (K/4)(2/K)(2 P_in - 1) = P_in - 1/2."""
-        inside = self.inside_probability
-        ratio = float(inside / (1 - inside))
-        return ratio, float(inside - Fraction(1, 2)), ratio
-
     def tally(self, payloads: Sequence[bytes]) -> Tally:
         width = self.payload_length
         matrix, lengths_ok = payload_matrix(payloads, width)

@@ -418,13 +418,6 @@ class OptimisedLocalHashing(LocalRandomiser):
         """ln(keep / other weight): attained, since some seed separates any two values (kappa < 1)."""
         return math.log(self._keep_weight) - math.log(OTHER_WEIGHT)
 
-    def variation_parameters(self) -> tuple[float, float, float] | None:
-        """For a seed that separates v and w the bucket is GRR over g values; a colliding seed
-        (probability kappa) gives the same law: total variation (1 - kappa)(keep - other)."""
-        ratio = float(self.keep_probability / self.other_probability)
-        spread = (1 - self.collision_probability) * (self.keep_probability - self.other_probability)
-        return ratio, float(spread), ratio
-
     # ------------------------------------------------------------------ aggregator side
 
     def tally(self, payloads: Sequence[bytes]) -> Tally:

@@ -97,14 +97,6 @@ class SubsetSelection(BitmapOracle):
         rho = self.worst_ratio
         return math.log1p(float(max(rho, 1 / rho) - 1))  # accurate for ratios near 1 too
 
-    def variation_parameters(self) -> tuple[float, float, float] | None:
-        """Subsets holding v but not w (C(d-2, omega-1) of them) carry the whole total variation:
-        |(d - omega) P_in - omega (1 - P_in)| / (d - 1)."""
-        d, omega, p_in = self.domain_size, self.subset_size, self.include_probability
-        rho = self.worst_ratio
-        ratio = float(max(rho, 1 / rho))
-        return ratio, float(abs((d - omega) * p_in - omega * (1 - p_in)) / (d - 1)), ratio
-
     def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
         self.check_value(value)
         source = rng or default_rng()

@@ -226,11 +226,6 @@ class UnaryEncoding(BitmapOracle):
     def realised_epsilon(self) -> float:
         return math.log1p(float(self.worst_ratio - 1))  # accurate for ratios near 1 too
 
-    def variation_parameters(self) -> tuple[float, float, float] | None:
-        """Two inputs differ in two independent bits (A vs Z and Z vs A): total variation A - Z."""
-        ratio = float(self.worst_ratio)
-        return ratio, float(Fraction(self.own_threshold - self.other_threshold, SCALE)), ratio
-
 
 def _sue_threshold(bound: Fraction) -> int:
     """Largest A in [2**63, 2**64) with (A / (2**64 - A))**2 <= bound, by exact bisection."""

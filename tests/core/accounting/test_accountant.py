@@ -14,7 +14,6 @@ from deniable.core.accounting import (
     FMT21NumericalClones,
     GRRBlanket,
     GRRFullBlanket,
-    VariationRatio,
     all_bounds,
     analyses_for,
     best_bound,
@@ -98,12 +97,11 @@ def test_best_is_the_minimum_and_is_named(mechanism: str | None) -> None:
 
 def test_mechanism_specific_analyses_only_for_their_mechanism() -> None:
     assert set(by_type(1.0, 100)) == {FMT21ClosedForm, FMT21NumericalClones}
-    assert set(by_type(1.0, 100, "grr", 5)) == {  # issue 9 item 6 adds the variation-ratio analysis
+    assert set(by_type(1.0, 100, "grr", 5)) == {
         FMT21ClosedForm,
         FMT21NumericalClones,
         GRRBlanket,
         GRRFullBlanket,
-        VariationRatio,
     }
     assert GRRFullBlanket not in by_type(1.0, 100, "grr", 2)
     assert BinaryRRExact in by_type(1.0, 100, "grr", 2)

@@ -17,7 +17,6 @@ from deniable.core.accounting import (
     BinaryRRExact,
     GRRBlanket,
     GRRFullBlanket,
-    VariationRatio,
     best_bound,
     realised_probabilities,
 )
@@ -203,10 +202,7 @@ def test_full_blanket_is_much_tighter_at_large_k_and_the_accountant_picks_it() -
     full = GRRFullBlanket(5.0, 100_000, 100).epsilon_for_delta(1e-6)
     restricted = GRRBlanket(5.0, 100_000, 100).epsilon_for_delta(1e-6)
     assert full < 0.7 * restricted
-    # Issue 9 item 6: the variation-ratio reduction hides the blanket count the full blanket
-    # reveals, so it is at most the full blanket and the accountant now names it (contract change).
-    best = best_bound(5.0, 100_000, 1e-6, "grr", 100)
-    assert best.analysis == VariationRatio.name and best.epsilon <= full * (1 + 1e-6)
+    assert best_bound(5.0, 100_000, 1e-6, "grr", 100).analysis == GRRFullBlanket.name
 
 
 def test_full_blanket_budget_falls_back_to_a_smaller_valid_n() -> None:
