@@ -309,6 +309,7 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
         amplified=bound.amplified,
         smallest_batch=smallest_batch,
         note=bound.note,
+        evaluated_n=bound.evaluated_n,
     )
 
 

@@ -279,7 +279,7 @@ def amplify_command(args: argparse.Namespace) -> int:
     rows = [
         [
             row["analysis"],
-            f"{row['epsilon']:.4f}" if row["amplified"] else f"{row['epsilon']:g} (local)",
+            f"{row['epsilon']:.4g}" if row["amplified"] else f"{row['epsilon']:g} (local)",
             f"{row['delta']:g}",
             row["note"].removeprefix(row["analysis"]).strip(),
         ]
@@ -292,7 +292,7 @@ def amplify_command(args: argparse.Namespace) -> int:
     if rows:
         print(_table(["analysis", "central ε", "δ", "note"], rows))
     print(
-        f"tightest: central (ε, δ) = ({result['epsilon']:.4f}, {result['delta']:g}) by {result['analysis']}"
+        f"tightest: central (ε, δ) = ({result['epsilon']:.4g}, {result['delta']:g}) by {result['analysis']}"
     )
     return 0
 

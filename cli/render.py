@@ -27,6 +27,11 @@ def privacy_line(privacy: pb.PrivacyStatement) -> str:
             + (" after shuffling" if privacy.local_guarantee else " for the released counts")
             + f" (smallest batch {privacy.smallest_batch}; {privacy.analysis})"
         )
+        if privacy.evaluated_n:
+            central += (
+                f", evaluated at n' = {privacy.evaluated_n} < {privacy.smallest_batch}"
+                " (valid: the guarantee only improves with n)"
+            )
     else:
         central = f"no amplification claimed: central ε = ε0 = {privacy.central_epsilon:g}"
         if privacy.note:
@@ -68,6 +73,7 @@ def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
         "delta": privacy.delta,
         "analysis": privacy.analysis,
         "amplified": privacy.amplified,
+        "evaluated_n": int(privacy.evaluated_n) or None,
         "simultaneous": answer.simultaneous,
         "post_processing_applied": list(answer.post_processing_applied),
         "buckets": answer_rows(answer, truth),

@@ -788,6 +788,7 @@ class PrivacyStatement(google.protobuf.message.Message):
     SMALLEST_BATCH_FIELD_NUMBER: builtins.int
     NOTE_FIELD_NUMBER: builtins.int
     LOCAL_GUARANTEE_FIELD_NUMBER: builtins.int
+    EVALUATED_N_FIELD_NUMBER: builtins.int
     epsilon0: builtins.float
     """local guarantee of every report"""
     central_epsilon: builtins.float
@@ -801,6 +802,10 @@ class PrivacyStatement(google.protobuf.message.Message):
     note: builtins.str
     local_guarantee: builtins.bool
     """epsilon0 holds locally (false for shuffle-only protocols)"""
+    evaluated_n: builtins.int
+    """--- acct ---
+    the analysis ran at n' = this < smallest_batch (cost budget); 0: at the batch size
+    """
     def __init__(
         self,
         *,
@@ -812,8 +817,9 @@ class PrivacyStatement(google.protobuf.message.Message):
         smallest_batch: builtins.int = ...,
         note: builtins.str = ...,
         local_guarantee: builtins.bool = ...,
+        evaluated_n: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "evaluated_n", b"evaluated_n", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
 
 Global___PrivacyStatement: typing_extensions.TypeAlias = PrivacyStatement
 
