@@ -185,7 +185,6 @@ def balcer_cheu_delta(gamma: Fraction, n: int, epsilon: float) -> float:
     return min(1.0, 4 * math.exp(-(eps_b**2) * float(gamma) * n / 50) * _SAFETY)
 
 
-
 # Exact composition of the two buckets a changed value moves (shared by the histograms).
 
 

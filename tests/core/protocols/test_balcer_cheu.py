@@ -212,7 +212,9 @@ def shuffled_law(mech: BalcerCheuHistogram, values: tuple[int, ...]) -> dict[tup
     return joint
 
 
-def hockey(p: dict[tuple[int, ...], Fraction], q: dict[tuple[int, ...], Fraction], factor: Fraction) -> Fraction:
+def hockey(
+    p: dict[tuple[int, ...], Fraction], q: dict[tuple[int, ...], Fraction], factor: Fraction
+) -> Fraction:
     return sum((max(Fraction(0), pr - factor * q.get(k, Fraction(0))) for k, pr in p.items()), Fraction(0))
 
 
