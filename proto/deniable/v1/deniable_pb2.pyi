@@ -54,6 +54,8 @@ class _MechanismEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Mechanism.V
     """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
     MULTI_MESSAGE_SUM_BINOMIAL: _Mechanism.ValueType  # 12
     """multi-message summation, Bernoulli shares (finite exact law)"""
+    MULTI_MESSAGE_HISTOGRAM: _Mechanism.ValueType  # 13
+    """shufonly: one split-and-mix Polya sum per bucket, shared presence"""
 
 class Mechanism(_Mechanism, metaclass=_MechanismEnumTypeWrapper):
     """Local randomiser of a campaign. Values are stable: new mechanisms append."""
@@ -83,6 +85,8 @@ SAMPLE_AND_THRESHOLD: Mechanism.ValueType  # 11
 """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
 MULTI_MESSAGE_SUM_BINOMIAL: Mechanism.ValueType  # 12
 """multi-message summation, Bernoulli shares (finite exact law)"""
+MULTI_MESSAGE_HISTOGRAM: Mechanism.ValueType  # 13
+"""shufonly: one split-and-mix Polya sum per bucket, shared presence"""
 Global___Mechanism: _TypeAlias = Mechanism  # noqa: Y015
 
 class _DomainKind:
@@ -186,6 +190,8 @@ class Campaign(_message.Message):
     TARGET_EPSILON_FIELD_NUMBER: _builtins.int
     EXPECTED_N_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
+    LOCAL_GUARANTEE_FIELD_NUMBER: _builtins.int
+    LOCAL_EPSILON_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: _builtins.str
@@ -223,6 +229,14 @@ class Campaign(_message.Message):
     """0 when the campaign was created from epsilon0 directly"""
     expected_n: _builtins.int
     """planning assumption for target_epsilon"""
+    local_guarantee: _builtins.bool
+    """--- shufonly ---
+    epsilon0 holds on the device; false: shuffle-only protocol whose
+    """
+    local_epsilon: _builtins.float
+    """epsilon0 is the central target and a device keeps no local DP
+    the local guarantee's epsilon (epsilon0), 0 when there is none
+    """
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -255,10 +269,12 @@ class Campaign(_message.Message):
         target_epsilon: _builtins.float = ...,
         expected_n: _builtins.int = ...,
         params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        local_guarantee: _builtins.bool = ...,
+        local_epsilon: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -857,6 +873,7 @@ class PrivacyStatement(_message.Message):
     SMALLEST_BATCH_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
     LOCAL_GUARANTEE_FIELD_NUMBER: _builtins.int
+    LOCAL_EPSILON_FIELD_NUMBER: _builtins.int
     epsilon0: _builtins.float
     """local guarantee of every report"""
     central_epsilon: _builtins.float
@@ -870,6 +887,10 @@ class PrivacyStatement(_message.Message):
     note: _builtins.str
     local_guarantee: _builtins.bool
     """epsilon0 holds locally (false for shuffle-only protocols)"""
+    local_epsilon: _builtins.float
+    """--- shufonly ---
+    local epsilon of every report; 0 when there is no local guarantee
+    """
     def __init__(
         self,
         *,
@@ -881,10 +902,11 @@ class PrivacyStatement(_message.Message):
         smallest_batch: _builtins.int = ...,
         note: _builtins.str = ...,
         local_guarantee: _builtins.bool = ...,
+        local_epsilon: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
