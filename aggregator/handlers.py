@@ -148,9 +148,9 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
     except ValueError as exc:
         kind = "binary" if request.kind == pb.BINARY else f"{len(labels)}-category"
         raise InvalidRequest(f"{mechanism_name} cannot serve this {kind} campaign: {exc}") from None
-    # The request's n_min counts devices; the shuffler counts messages (reports). Where every device
-    # sends the same number of messages, convert, so a released round holds n_min devices.
-    per_device = randomiser.messages_per_device or 1
+    # The request's n_min counts devices; the shuffler counts messages (reports). Convert with the
+    # most messages a device can send, so a released round holds at least n_min devices.
+    per_device = randomiser.max_messages_per_device or 1
     n_min = min(n_min * per_device, 2**32 - 1)
     return pb.Campaign(
         id=request.id,

@@ -126,6 +126,11 @@ class BalcerCheuHistogram(LocalRandomiser):
         return 2 + self.domain_size * float(self.send)
 
     @property
+    def max_messages_per_device(self) -> int:
+        """Own bucket, a noise message for every bucket, presence: d + 2 at most."""
+        return self.domain_size + 2
+
+    @property
     def payload_length(self) -> int:
         return width_for(self.domain_size)
 
