@@ -2,7 +2,7 @@
 
 from deniable.client.budget import BudgetExceeded, BudgetLedger
 from deniable.client.outbox import Outbox, OutboxRow
-from deniable.client.reporter import CampaignClosed, CampaignInvalid, Reporter, SendResult
+from deniable.client.reporter import CampaignClosed, CampaignInvalid, CampaignRefused, Reporter, SendResult
 from deniable.client.transport import GrpcTransport, InMemoryTransport, Transport, TransportError
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "BudgetLedger",
     "CampaignClosed",
     "CampaignInvalid",
+    "CampaignRefused",
     "GrpcTransport",
     "InMemoryTransport",
     "Outbox",

@@ -1,15 +1,23 @@
-"""The device side of a campaign: randomise locally, seal to the aggregator, queue, deliver.
+"""The device side of a campaign: randomise on the device, seal to the aggregator, queue, deliver.
 
-Every answer is randomised on the device (local epsilon0-DP) before anything leaves it, padded to
-the campaign's fixed plaintext length and sealed with HPKE to the aggregator's key, so the
-shuffler only ever relays ciphertexts of one size.
+Every answer is randomised on the device before anything leaves it, padded to the campaign's fixed
+plaintext length and sealed with HPKE to the aggregator's key, so the shuffler only ever relays
+ciphertexts of one size. What a device keeps depends on the mechanism (docs/sdk-privacy.md):
 
-Trust note: the campaign description (including the aggregator's public key) reaches the device
-through the shuffler. A malicious shuffler could swap in a key of its own and read every report
-(it would still see only locally randomised answers, so epsilon0 holds, but the shuffle
-amplification would be lost). The deployment's answer is to pin the aggregator's key (or the
-campaign description's digest) in the app, and to use mutual TLS to an authenticated shuffler;
-this SDK checks the key's form and the report sizes, not who issued the key.
+- local randomisers (``mechanism_has_local_guarantee``): each report is locally epsilon0-DP, so
+  epsilon0 holds whatever the shuffler, the aggregator, or both together do; the shuffle only adds
+  the central (epsilon, delta) on top, and is lost if either misbehaves.
+- shuffle-only protocols (cheu_binary_sum, balcer_cheu_histogram, multi_message_sum(_binomial),
+  multi_message_histogram, sample_and_threshold): a report alone is NOT private (a message can
+  carry the true value, or shares that add up to it). Their epsilon0 is a central target that
+  holds only if the shuffler hides senders AND the aggregator never sees who sent what. A
+  shuffler that swaps in a key of its own, or an aggregator that also sees the shuffler's input,
+  learns each device's value. ``require_local_guarantee`` refuses such campaigns.
+
+Trust note: the campaign description (with the aggregator's public key) reaches the device through
+the shuffler; pin the aggregator's key (or the description's digest) in the app and use mutual
+TLS to an authenticated shuffler. This SDK checks the key's form and the report sizes, not who
+issued the key.
 """
 
 from __future__ import annotations
@@ -27,7 +35,12 @@ from tqdm import tqdm
 from deniable.client.budget import BudgetExceeded, BudgetLedger, fits
 from deniable.client.outbox import Outbox
 from deniable.client.transport import Transport, TransportError
-from deniable.core.campaigns import layout_for, randomiser_for, valid_campaign_id
+from deniable.core.campaigns import (
+    layout_for,
+    mechanism_has_local_guarantee,
+    randomiser_for,
+    valid_campaign_id,
+)
 from deniable.core.crypto import SUITE_NAME, PublicKey, seal_report
 from deniable.core.rng import Csprng, default_rng
 from deniable.core.wire import Plaintext, encode, new_report_id
@@ -45,6 +58,10 @@ class CampaignClosed(Exception):
 
 class CampaignInvalid(Exception):
     """The campaign description is inconsistent, so reports made from it could not be counted."""
+
+
+class CampaignRefused(Exception):
+    """The campaign is valid but weaker than this device accepts (e.g. no local guarantee)."""
 
 
 @dataclass(frozen=True)
@@ -110,11 +127,17 @@ class Reporter:
         transport: Transport,
         ledger: BudgetLedger | None = None,
         *,
+        require_local_guarantee: bool = False,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        """Check the campaign (CampaignInvalid) and rebuild its randomiser; ``clock``/``sleep`` for tests."""
+        """Check the campaign (CampaignInvalid; CampaignRefused if ``require_local_guarantee`` and
+        it has none) and rebuild its randomiser; ``clock``/``sleep`` for tests."""
         validate_campaign(campaign)
+        if require_local_guarantee and not mechanism_has_local_guarantee(campaign):
+            raise CampaignRefused(
+                f"campaign {campaign.id!r} uses a shuffle-only protocol: its reports carry no local guarantee"
+            )
         self.campaign = pb.Campaign()
         self.campaign.CopyFrom(campaign)
         self.randomiser = randomiser_for(self.campaign)
@@ -134,6 +157,7 @@ class Reporter:
         outbox: Outbox,
         ledger: BudgetLedger | None = None,
         *,
+        require_local_guarantee: bool = False,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
     ) -> Reporter:
@@ -141,7 +165,15 @@ class Reporter:
         campaign = await transport.get_campaign(campaign_id)
         if campaign.id != campaign_id:
             raise CampaignInvalid(f"asked for campaign {campaign_id!r}, got {campaign.id!r}")
-        return cls(campaign, outbox, transport, ledger, clock=clock, sleep=sleep)
+        return cls(
+            campaign,
+            outbox,
+            transport,
+            ledger,
+            require_local_guarantee=require_local_guarantee,
+            clock=clock,
+            sleep=sleep,
+        )
 
     def check_open(self) -> None:
         """Raise CampaignClosed unless the window is open now (start inclusive, end exclusive)."""
@@ -190,10 +222,20 @@ class Reporter:
         self.randomiser.check_value(value)
         self.check_open()
         if self.ledger is not None:
-            self.ledger.charge(self.campaign.id, self.campaign.epsilon0, self.campaign.device_budget_epsilon)
+            self._book(self.ledger)
         sealed = self._seal(value)
         self.outbox.add_many([report for _, report in sealed])
         return sealed[0][0]
+
+    def _book(self, ledger: BudgetLedger) -> None:
+        """Local epsilon0 for a local randomiser; a central-only participation for a shuffle-only one
+        (at most budget / epsilon0 reports per campaign), never booked as local epsilon."""
+        campaign = self.campaign
+        if mechanism_has_local_guarantee(campaign):
+            ledger.charge(campaign.id, campaign.epsilon0, campaign.device_budget_epsilon)
+        else:
+            limit = max(1, math.floor(campaign.device_budget_epsilon / campaign.epsilon0 * (1 + 1e-9)))
+            ledger.participate(campaign.id, campaign.epsilon0, limit)
 
     def record_many(self, values: Sequence[int], progress: bool = False) -> int:
         """Queue one report per value, each from a distinct simulated device; for simulations.
