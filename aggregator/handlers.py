@@ -165,6 +165,8 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         window_end_unix=end,
         device_budget_epsilon=budget,
         params={**params, **randomiser.parameters()},
+        local_guarantee=randomiser.local_privacy,
+        local_epsilon=epsilon0 if randomiser.local_privacy else 0.0,
     )
 
 
@@ -229,6 +231,7 @@ def plan_campaign(request: pb.CreateCampaignRequest) -> pb.Campaign:
 def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.PrivacyStatement:
     """The guarantee for the counted reports: central (epsilon, delta) at the smallest shuffle."""
     randomiser = randomiser_for(campaign)
+    local = campaign.epsilon0 if randomiser.local_privacy else 0.0
     if n == 0 or smallest_batch == 0:
         return pb.PrivacyStatement(
             epsilon0=campaign.epsilon0,
@@ -237,12 +240,18 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
             analysis=LOCAL_ONLY,
             amplified=False,
             smallest_batch=0,
-            note="nothing counted yet; every report will carry the local guarantee",
+            note=(
+                "nothing counted yet; every report will carry the local guarantee"
+                if randomiser.local_privacy
+                else "nothing counted yet; shuffle-only: epsilon0 is the central target, no local guarantee"
+            ),
             local_guarantee=randomiser.local_privacy,
+            local_epsilon=local,
         )
     bound = randomiser.central_guarantee(smallest_batch, campaign.delta)
     return pb.PrivacyStatement(
         local_guarantee=randomiser.local_privacy,
+        local_epsilon=local,
         epsilon0=campaign.epsilon0,
         central_epsilon=bound.epsilon,
         delta=bound.delta,

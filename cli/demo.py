@@ -9,8 +9,8 @@ queries the aggregator and compares the estimates with the truth.
 from __future__ import annotations
 
 import asyncio
-import math
 import json
+import math
 import tempfile
 import time
 from collections.abc import Sequence

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
+from deniable.cli.render import guarantee_words
 from deniable.core import mqtt
+from deniable.core.campaigns import local_epsilon, mechanism_has_local_guarantee
 from deniable.core.errors import ConfigurationError
 from deniable.core.mqtt import BrokerAddress
 from deniable.v1 import deniable_pb2 as pb
@@ -166,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", type=float, default=0.0, help="per-device epsilon budget (default epsilon0)"
     )
     create.add_argument("--json", action="store_true")
+    show_campaign = campaign.add_parser("show", help="one campaign's descriptor, with both guarantees")
+    show_campaign.add_argument("campaign")
+    show_campaign.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    show_campaign.add_argument("--json", action="store_true")
     listing = campaign.add_parser("list", help="list campaigns")
     listing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     listing.add_argument("--json", action="store_true")
@@ -223,6 +229,10 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "labels": list(c.labels),
         "mechanism": pb.Mechanism.Name(c.mechanism).lower(),
         "epsilon0": c.epsilon0,
+        "local_guarantee": mechanism_has_local_guarantee(c),
+        "local_epsilon": local_epsilon(c),
+        "central_target_epsilon": c.target_epsilon
+        or (None if mechanism_has_local_guarantee(c) else c.epsilon0),
         "delta": c.delta,
         "n_min": c.n_min,
         "key_id": c.key_id,
@@ -232,6 +242,22 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "expected_n": c.expected_n,
         "params": dict(c.params),
     }
+
+
+def _print_campaign(c: pb.Campaign) -> None:
+    """The descriptor in text: the question, the mechanism, and both guarantees apart."""
+    print(f"{c.id}: {c.question}")
+    mechanism = pb.Mechanism.Name(c.mechanism).lower()
+    print(f"  mechanism: {mechanism} over {len(c.labels)} buckets ({', '.join(c.labels)})")
+    print(f"  local guarantee: {guarantee_words(mechanism_has_local_guarantee(c), c.epsilon0)}")
+    target = c.target_epsilon or (0.0 if mechanism_has_local_guarantee(c) else c.epsilon0)
+    central = (
+        f"ε ≤ {target:g}, δ = {c.delta:g} at n ≥ {c.expected_n or c.n_min}"
+        if target
+        else "from the smallest batch"
+    )
+    print(f"  central guarantee: {central}; n_min = {c.n_min} messages")
+    print(f"  device budget: {c.device_budget_epsilon:g}")
 
 
 def _add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -373,7 +399,20 @@ def _run(args: argparse.Namespace) -> int:
             _print_json([_campaign_dict(c) for c in listed.campaigns])
         else:
             for c in listed.campaigns:
-                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\tε0={c.epsilon0:g}\t{c.question}")
+                words = guarantee_words(mechanism_has_local_guarantee(c), c.epsilon0)
+                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\t{words}\t{c.question}")
+        return 0
+    if args.command == "campaign" and args.action == "show":
+        shown: pb.Campaign = asyncio.run(
+            _call(
+                args.aggregator,
+                lambda s: s.GetCampaign(pb.GetCampaignRequest(campaign_id=args.campaign), timeout=30),
+            )
+        )
+        if args.json:
+            _print_json(_campaign_dict(shown))
+        else:
+            _print_campaign(shown)
         return 0
     if args.command == "query":
         query = pb.QueryRequest(
