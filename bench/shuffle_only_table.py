@@ -56,16 +56,17 @@ def epsilon_rows() -> list[str]:
             mech = mechanisms.create(name, epsilon0=EPS, domain_size=2, expected_n=n, delta=DELTA)
             p, shares = float(mech.noise), mech.shape_devices  # type: ignore[attr-defined]
             stated = mech.central_guarantee(n, DELTA).epsilon
-            ideal = smallest_epsilon(lambda e: noise_delta(n, p, e, shares), DELTA)
+            ideal = smallest_epsilon(lambda e, n=n, p=p, s=shares: noise_delta(n, p, e, s), DELTA)
             rows.append(f"| {name} | {n} | {stated:.4g} | ≥ {ideal:.4g} | noise-only ε of the ideal sum |")
         mh = mechanisms.create(
             "multi_message_histogram", epsilon0=EPS, domain_size=32, expected_n=n, delta=DELTA
         )
         p = float(mh.noise)  # type: ignore[attr-defined]
         stated = mh.central_guarantee(n, DELTA).epsilon
-        ideal = smallest_epsilon(lambda e: multi_histogram_noise_delta(n, p, n, e), DELTA)
+        ideal = smallest_epsilon(lambda e, n=n, p=p: multi_histogram_noise_delta(n, p, n, e), DELTA)
         rows.append(
-            f"| multi_message_histogram | {n} | {stated:.4g} | ≥ {ideal:.4g} | noise-only ε of the ideal sums |"
+            f"| multi_message_histogram | {n} | {stated:.4g} | ≥ {ideal:.4g} | noise-only ε of the ideal sums"
+            " |"
         )
         st = mechanisms.create("sample_and_threshold", epsilon0=EPS, domain_size=32, delta=DELTA)
         rows.append(
@@ -78,7 +79,8 @@ def epsilon_rows() -> list[str]:
 def error_rows() -> list[str]:
     n = 100_000
     rows = [
-        "| protocol | d | std error / bucket | central Laplace | ratio | messages / device | bytes / device |",
+        "| protocol | d | std error / bucket | central Laplace | ratio | messages / device"
+        " | bytes / device |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for d in (2, 32, 1024):
