@@ -212,6 +212,9 @@ def test_demo_plans_and_compares_with_central_laplace(
     for campaign in report["campaigns"]:
         for key in ("id", "kind", "mechanism", "epsilon0", "central_epsilon", "delta", "n", "buckets"):
             assert key in campaign, key
+        local = mechanisms.mechanism_class(campaign["mechanism"]).local_privacy
+        assert campaign["local_guarantee"] is local  # both guarantees, apart (issue 15)
+        assert campaign["local_epsilon"] == (campaign["epsilon0"] if local else None)
         planned = campaign["planned"]
         assert planned["expected_n"] == 1500 and planned["epsilon0"] == campaign["epsilon0"]
         assert planned["central_epsilon"] <= 1.0
