@@ -107,6 +107,10 @@ def test_privacy_mechanisms_still_lists_the_registry(capsys: pytest.CaptureFixtu
     assert main(["privacy", "mechanisms"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in mechanisms.names())
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    for name in mechanisms.names():
+        local = mechanisms.mechanism_class(name).local_privacy
+        assert ("central only (no local DP)" in lines[name]) != local, name
 
 
 def test_campaign_create_needs_exactly_one_way(capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,6 +176,14 @@ def test_planned_campaign_and_post_processed_query(aggregator: str) -> None:
     )
     assert campaign["n_min"] == 3000 * (chosen.max_messages_per_device or 1) and campaign["epsilon0"] >= 1.0
     assert campaign["local_guarantee"] == chosen.local_privacy
+    shown = _cli("campaign", "show", "lang", "--aggregator", aggregator, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["local_epsilon"] == (
+        campaign["epsilon0"] if chosen.local_privacy else None
+    )
+    text = _cli("campaign", "show", "lang", "--aggregator", aggregator)
+    assert text.returncode == 0 and "local guarantee:" in text.stdout and "central guarantee:" in text.stdout
+    assert ("no local guarantee" in text.stdout) != chosen.local_privacy
     human = _cli(
         "campaign", "create", "--aggregator", aggregator, "--id", "dark", "--question", "Dark?",
         "--kind", "binary", "--mechanism", "grr", "--target-epsilon", "0.5", "--expected-n", "2000",
