@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from deniable.core import mechanisms
+from deniable.core import audit, mechanisms
 from deniable.core.accounting.planner import central_laplace, expected_std_error
 from deniable.core.accounting.protocols import (
     MULTI_HISTOGRAM,
@@ -24,7 +24,7 @@ from deniable.core.accounting.protocols import (
     multi_histogram_noise_delta,
 )
 from deniable.core.mechanisms.multi_histogram import MultiMessageHistogram
-from deniable.core.rng import polya_probability
+from deniable.core.rng import Csprng, polya_probability
 from deniable.v1 import deniable_pb2 as pb
 
 ALPHA = 1e-6  # false-failure rate of each statistical assertion
@@ -160,3 +160,57 @@ def test_estimator_exact_noise_law_and_coverage_through_the_real_randomiser() ->
     assert statistic <= stats.chi2.isf(ALPHA / 2, len(bins))
     assert covered >= stats.binom.ppf(ALPHA / 2, total, 0.95)
     assert mech.variance(truth, 200)[0] == pytest.approx(2 * a / (1 - a) ** 2, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- central audit
+
+
+def released_differences(mech: MultiMessageHistogram, shift: int, devices: int, runs: int) -> np.ndarray:
+    """``runs`` releases of (S_a + W_a) - (S_b + W_b) with S_a - S_b = ``shift``; each W is the sum
+    of ``devices`` devices' y - y' (exact CSPRNG Polya draws, as the devices make them)."""
+    rng = Csprng()
+    out = np.empty(runs, dtype=np.int64)
+    chunk = max(1, 2_000_000 // (4 * devices))
+    for start in range(0, runs, chunk):
+        rows = min(chunk, runs - start)
+        draws = rng.polya_many(mech.noise, mech.expected_n, 4 * devices * rows)
+        sums = draws.reshape(rows, 4, devices).sum(axis=2)
+        out[start : start + rows] = shift + sums[:, 0] - sums[:, 1] - sums[:, 2] + sums[:, 3]
+    return out
+
+
+def epsilon_lower_bound(a: np.ndarray, b: np.ndarray, cuts: list[int]) -> float:
+    """Clopper-Pearson lower confidence bound (level 1 - ALPHA/2, Bonferroni over events and
+    directions) on max over the events {difference >= c} of ln((P_a - delta) / P_b), both ways."""
+    level = ALPHA / (4 * len(cuts))
+    best = -math.inf
+    for cut in cuts:
+        xa, xb = int((a >= cut).sum()), int((b >= cut).sum())
+        for top, top_n, bottom, bottom_n in ((xa, a.size, xb, b.size), (xb, b.size, xa, a.size)):
+            low = audit.clopper_pearson_lower(top, top_n, level) - 1e-6
+            if low > 0:
+                best = max(best, math.log(low / audit.clopper_pearson_upper(bottom, bottom_n, level)))
+    return best
+
+
+def test_central_audit_never_refutes_the_stated_epsilon_and_catches_per_bucket_calibration() -> None:
+    """Neighbours move one device from bucket b to bucket a: the difference of the two released
+    counts shifts by 2. 40,000 releases each at 100 devices: the audit's lower bound on eps
+    (events {difference >= c}, c = 2..4) stays below the stated eps (false-failure rate 1e-6 for
+    the pair of audits). A mutant that calibrates each bucket to the whole target (a = e^-1, the
+    two-bucket composition forgotten) while stating the same eps is refuted: its true ratio at
+    c = 3 is e^1.59."""
+    mech = build(1.0, 3, expected_n=100.0, delta=1e-6)
+    claimed = mech.central_guarantee(100, 1e-6).epsilon
+    cuts = [2, 3, 4]
+    honest = epsilon_lower_bound(
+        released_differences(mech, 1, 100, 40_000), released_differences(mech, -1, 100, 40_000), cuts
+    )
+    assert honest <= claimed
+    forgetful = build(2.0, 3, expected_n=100.0, delta=1e-6)
+    lazy = epsilon_lower_bound(
+        released_differences(forgetful, 1, 100, 40_000),
+        released_differences(forgetful, -1, 100, 40_000),
+        cuts,
+    )
+    assert lazy > claimed
