@@ -245,6 +245,7 @@ class _Search:
         self.name, self.target, self.delta, self.n, self.k = name, target, delta, n, k
         self.params = dict(params)
         self.seen: dict[float, tuple[bool, float, Any, Any]] = {}
+        self.refusal = ""  # the last constructor's reason for refusing an epsilon0
 
     def __call__(self, epsilon0: float) -> tuple[bool, float]:
         """(meets the target, log(central / target) or nan)."""
@@ -260,7 +261,8 @@ class _Search:
         try:
             randomiser = mechanisms.create(self.name, epsilon0=epsilon0, domain_size=self.k, **self.params)
             bound = randomiser.central_guarantee(self.n, self.delta)
-        except ValueError:
+        except ValueError as exc:
+            self.refusal = str(exc)
             result = (False, math.nan, None, None)
         else:
             result = (
@@ -408,7 +410,7 @@ def _largest_epsilon0(
             feasible=False,
             evaluations=len(search.seen),
             note=f"no epsilon0 >= {target * SMALLEST_FRACTION:.3g} gives central epsilon <= {target:g}"
-            f" at n={n}, delta={delta:g}",
+            f" at n={n}, delta={delta:g}" + (f" ({search.refusal})" if search.refusal else ""),
         )
     lo, hi = bracket
     if lo == hi:
