@@ -6,7 +6,6 @@ Run: python bench/shuffle_only_table.py  (about a minute on one core). Target ep
 
 from __future__ import annotations
 
-import math
 import sys
 from fractions import Fraction
 
@@ -15,6 +14,7 @@ from deniable.core.accounting.planner import central_laplace, device_cost, expec
 from deniable.core.accounting.protocols import (
     GRID,
     balcer_cheu_exact_guarantee,
+    balcer_cheu_gamma,
     balcer_cheu_guarantee,
     multi_histogram_noise_delta,
     noise_delta,
@@ -27,8 +27,7 @@ SIZES = (10_000, 100_000, 1_000_000)
 
 def theorem_gamma(n: int) -> Fraction:
     """1 - p as the paper (and this project before issue 15) set it."""
-    eps_b, delta_b = EPS / 2, DELTA / 2
-    return Fraction(math.ceil(50 * math.log(2 / delta_b) / (eps_b**2 * n) * GRID), GRID)
+    return Fraction(balcer_cheu_gamma(EPS, DELTA, n), GRID)
 
 
 def epsilon_rows() -> list[str]:

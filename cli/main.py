@@ -380,13 +380,14 @@ def _run(args: argparse.Namespace) -> int:
             _print_json(_campaign_dict(created))
         else:
             print(
-                f"created {created.id}: {len(created.labels)} buckets, ε0 = {created.epsilon0:g},"
+                f"created {created.id}: {len(created.labels)} buckets,"
+                f" {guarantee_words(mechanism_has_local_guarantee(created), created.epsilon0)},"
                 f" n_min = {created.n_min}, key {created.key_id}"
             )
             if created.target_epsilon:
                 print(
                     f"planned: {pb.Mechanism.Name(created.mechanism).lower()},"
-                    f" ε0 = {created.epsilon0:.4f}"
+                    f" {guarantee_words(mechanism_has_local_guarantee(created), created.epsilon0)}"
                     f" for central ε ≤ {created.target_epsilon:g} at δ = {created.delta:g}"
                     f" in shuffles of n ≥ {created.expected_n}"
                 )
