@@ -167,9 +167,9 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
     except ValueError as exc:
         kind = "binary" if request.kind == pb.BINARY else f"{len(labels)}-category"
         raise InvalidRequest(f"{mechanism_name} cannot serve this {kind} campaign: {exc}") from None
-    # The request's n_min counts devices; the shuffler counts messages (reports). Where every device
-    # sends the same number of messages, convert, so a released round holds n_min devices.
-    per_device = randomiser.messages_per_device or 1
+    # The request's n_min counts devices; the shuffler counts messages (reports). Convert with the
+    # most messages a device can send, so a released round holds at least n_min devices.
+    per_device = randomiser.max_messages_per_device or 1
     n_min = min(n_min * per_device, 2**32 - 1)
     return pb.Campaign(
         id=request.id,
@@ -184,6 +184,8 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         window_end_unix=end,
         device_budget_epsilon=budget,
         params={**params, **randomiser.parameters()},
+        local_guarantee=randomiser.local_privacy,
+        local_epsilon=epsilon0 if randomiser.local_privacy else 0.0,
     )
 
 
@@ -288,6 +290,7 @@ def manipulation_budget(randomiser: LocalRandomiser, counts: Sequence[int], n: i
 def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.PrivacyStatement:
     """The guarantee for the counted reports: central (epsilon, delta) at the smallest shuffle."""
     randomiser = randomiser_for(campaign)
+    local = campaign.epsilon0 if randomiser.local_privacy else 0.0
     if n == 0 or smallest_batch == 0:
         return pb.PrivacyStatement(
             epsilon0=campaign.epsilon0,
@@ -296,12 +299,18 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
             analysis=LOCAL_ONLY,
             amplified=False,
             smallest_batch=0,
-            note="nothing counted yet; every report will carry the local guarantee",
+            note=(
+                "nothing counted yet; every report will carry the local guarantee"
+                if randomiser.local_privacy
+                else "nothing counted yet; shuffle-only: epsilon0 is the central target, no local guarantee"
+            ),
             local_guarantee=randomiser.local_privacy,
+            local_epsilon=local,
         )
     bound = randomiser.central_guarantee(smallest_batch, campaign.delta)
     return pb.PrivacyStatement(
         local_guarantee=randomiser.local_privacy,
+        local_epsilon=local,
         epsilon0=campaign.epsilon0,
         central_epsilon=bound.epsilon,
         delta=bound.delta,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import tempfile
 import time
 from collections.abc import Sequence
@@ -120,6 +121,8 @@ def demo_campaigns(
         request.delta = delta
         if mechanism and request.mechanism == pb.Mechanism.Value(mechanism.upper()):
             request.params.update(chosen_params)
+            if "expected_n" in chosen_params:  # shuffle-only: its guarantee is planned for one batch of all
+                request.n_min = _one_batch_n_min(mechanism, len(request.labels), devices, chosen_params)
         if target_epsilon is not None:
             request.epsilon0 = 0.0
             request.target_epsilon = target_epsilon
@@ -129,6 +132,24 @@ def demo_campaigns(
         DemoCampaign(binary, exact_population((1 - DARK_MODE_SHARE, DARK_MODE_SHARE), devices)),
         DemoCampaign(histogram, exact_population(LANGUAGE_SHARES, devices)),
     ]
+
+
+def _one_batch_n_min(mechanism: str, domain: int, devices: int, params: dict[str, float]) -> int:
+    """Devices per batch such that all ``devices`` (almost surely) reach the message threshold.
+
+    The aggregator turns n_min devices into n_min x (most messages per device) messages; where the
+    count varies, the demo's devices send fewer on average, so n_min is scaled down to the mean
+    less 8 standard deviations of the total (one device's count has variance at most d / 4).
+    """
+    from deniable.core import mechanisms
+
+    randomiser = mechanisms.create(mechanism, epsilon0=1.0, domain_size=domain, **params)
+    most = randomiser.max_messages_per_device
+    mean = getattr(randomiser, "expected_messages", most)
+    if not most or mean is None or randomiser.messages_per_device is not None:
+        return devices
+    low = devices * float(mean) - 8 * math.sqrt(devices * domain / 4)
+    return max(1, min(devices, math.floor(low / most)))
 
 
 def _calibration_params(mechanism: str, devices: int, delta: float) -> dict[str, float]:

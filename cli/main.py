@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
+from deniable.cli.render import guarantee_words
 from deniable.core import mqtt
+from deniable.core.campaigns import local_epsilon, mechanism_has_local_guarantee
 from deniable.core.errors import ConfigurationError
 from deniable.core.mqtt import BrokerAddress
 from deniable.core.tls import ClientTls, ServerTls
@@ -222,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     close.add_argument("campaign")
     close.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     _add_client_tls_options(close)
+    show_campaign = campaign.add_parser("show", help="one campaign's descriptor, with both guarantees")
+    show_campaign.add_argument("campaign")
+    show_campaign.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    show_campaign.add_argument("--json", action="store_true")
+    _add_client_tls_options(show_campaign)
     listing = campaign.add_parser("list", help="list campaigns")
     listing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     listing.add_argument("--json", action="store_true")
@@ -348,6 +355,10 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "labels": list(c.labels),
         "mechanism": pb.Mechanism.Name(c.mechanism).lower(),
         "epsilon0": c.epsilon0,
+        "local_guarantee": mechanism_has_local_guarantee(c),
+        "local_epsilon": local_epsilon(c),
+        "central_target_epsilon": c.target_epsilon
+        or (None if mechanism_has_local_guarantee(c) else c.epsilon0),
         "delta": c.delta,
         "n_min": c.n_min,
         "key_id": c.key_id,
@@ -359,6 +370,22 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "params": dict(c.params),
         "signature": c.signature.hex(),
     }
+
+
+def _print_campaign(c: pb.Campaign) -> None:
+    """The descriptor in text: the question, the mechanism, and both guarantees apart."""
+    print(f"{c.id}: {c.question}")
+    mechanism = pb.Mechanism.Name(c.mechanism).lower()
+    print(f"  mechanism: {mechanism} over {len(c.labels)} buckets ({', '.join(c.labels)})")
+    print(f"  local guarantee: {guarantee_words(mechanism_has_local_guarantee(c), c.epsilon0)}")
+    target = c.target_epsilon or (0.0 if mechanism_has_local_guarantee(c) else c.epsilon0)
+    central = (
+        f"ε ≤ {target:g}, δ = {c.delta:g} at n ≥ {c.expected_n or c.n_min}"
+        if target
+        else "from the smallest batch"
+    )
+    print(f"  central guarantee: {central}; n_min = {c.n_min} messages")
+    print(f"  device budget: {c.device_budget_epsilon:g}")
 
 
 def _add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -514,13 +541,14 @@ def _run(args: argparse.Namespace) -> int:
             _print_json(_campaign_dict(created))
         else:
             print(
-                f"created {created.id}: {len(created.labels)} buckets, ε0 = {created.epsilon0:g},"
+                f"created {created.id}: {len(created.labels)} buckets,"
+                f" {guarantee_words(mechanism_has_local_guarantee(created), created.epsilon0)},"
                 f" n_min = {created.n_min}, key {created.key_id}"
             )
             if created.target_epsilon:
                 print(
                     f"planned: {pb.Mechanism.Name(created.mechanism).lower()},"
-                    f" ε0 = {created.epsilon0:.4f}"
+                    f" {guarantee_words(mechanism_has_local_guarantee(created), created.epsilon0)}"
                     f" for central ε ≤ {created.target_epsilon:g} at δ = {created.delta:g}"
                     f" in shuffles of n ≥ {created.expected_n}"
                 )
@@ -544,7 +572,21 @@ def _run(args: argparse.Namespace) -> int:
             _print_json([_campaign_dict(c) for c in listed.campaigns])
         else:
             for c in listed.campaigns:
-                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\tε0={c.epsilon0:g}\t{c.question}")
+                words = guarantee_words(mechanism_has_local_guarantee(c), c.epsilon0)
+                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\t{words}\t{c.question}")
+        return 0
+    if args.command == "campaign" and args.action == "show":
+        shown: pb.Campaign = asyncio.run(
+            _call(
+                args.aggregator,
+                lambda s: s.GetCampaign(pb.GetCampaignRequest(campaign_id=args.campaign), timeout=30),
+                tls=client_tls(args),
+            )
+        )
+        if args.json:
+            _print_json(_campaign_dict(shown))
+        else:
+            _print_campaign(shown)
         return 0
     if args.command == "query":
         query = pb.QueryRequest(

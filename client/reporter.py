@@ -1,8 +1,18 @@
-"""The device side of a campaign: randomise locally, seal to the aggregator, queue, deliver.
+"""The device side of a campaign: randomise on the device, seal to the aggregator, queue, deliver.
 
-Every answer is randomised on the device (local epsilon0-DP) before anything leaves it, padded to
-the campaign's fixed plaintext length and sealed with HPKE to the aggregator's key, so the
-shuffler only ever relays ciphertexts of one size.
+Every answer is randomised on the device before anything leaves it, padded to the campaign's fixed
+plaintext length and sealed with HPKE to the aggregator's key, so the shuffler only ever relays
+ciphertexts of one size. What a device keeps depends on the mechanism (docs/sdk-privacy.md):
+
+- local randomisers (``mechanism_has_local_guarantee``): each report is locally epsilon0-DP, so
+  epsilon0 holds whatever the shuffler, the aggregator, or both together do; the shuffle only adds
+  the central (epsilon, delta) on top, and is lost if either misbehaves.
+- shuffle-only protocols (cheu_binary_sum, balcer_cheu_histogram, multi_message_sum(_binomial),
+  multi_message_histogram, sample_and_threshold): a report alone is NOT private (a message can
+  carry the true value, or shares that add up to it). Their epsilon0 is a central target that
+  holds only if the shuffler hides senders AND the aggregator never sees who sent what. A
+  shuffler that swaps in a key of its own, or an aggregator that also sees the shuffler's input,
+  learns each device's value. ``require_local_guarantee`` refuses such campaigns.
 
 Trust note: the campaign description (including the aggregator's HPKE public key and epsilon0)
 reaches the device through the shuffler or an MQTT broker, neither of which is trusted with it.
@@ -26,7 +36,12 @@ from deniable.client.budget import BudgetExceeded, BudgetLedger, fits
 from deniable.client.outbox import Outbox
 from deniable.client.transport import Transport, TransportError
 from deniable.core import mechanisms
-from deniable.core.campaigns import layout_for, randomiser_for, valid_campaign_id
+from deniable.core.campaigns import (
+    layout_for,
+    mechanism_has_local_guarantee,
+    randomiser_for,
+    valid_campaign_id,
+)
 from deniable.core.crypto import (
     CampaignSignatureError,
     PublicKey,
@@ -99,12 +114,14 @@ class DevicePolicy:
 
     ``allowed_mechanisms``: mechanism names (e.g. "grr", "binary_rr"); None allows every one.
     ``min_batch``: the smallest n_min (reports per shuffled batch) accepted.
+    ``require_local_dp``: refuse shuffle-only protocols, whose reports carry no local guarantee.
     """
 
     max_epsilon0: float = math.inf
     allowed_mechanisms: frozenset[str] | None = None
     min_batch: int = 0
     max_device_budget: float = math.inf
+    require_local_dp: bool = False
 
     @classmethod
     def of(
@@ -113,14 +130,19 @@ class DevicePolicy:
         allowed_mechanisms: Iterable[str] | None = None,
         min_batch: int = 0,
         max_device_budget: float = math.inf,
+        require_local_dp: bool = False,
     ) -> DevicePolicy:
         """A policy from any iterable of mechanism names."""
         names = None if allowed_mechanisms is None else frozenset(m.lower() for m in allowed_mechanisms)
-        return cls(max_epsilon0, names, min_batch, max_device_budget)
+        return cls(max_epsilon0, names, min_batch, max_device_budget, require_local_dp)
 
     def check(self, campaign: pb.Campaign) -> None:
         """Raise CampaignPolicyError naming the first limit the campaign exceeds."""
         name = f"campaign {campaign.id[:80]!r}"
+        if self.require_local_dp and not mechanism_has_local_guarantee(campaign):
+            raise CampaignPolicyError(
+                f"{name}: a shuffle-only protocol, its reports carry no local guarantee"
+            )
         if not campaign.epsilon0 <= self.max_epsilon0:
             raise CampaignPolicyError(
                 f"{name}: ε0 {campaign.epsilon0:g} exceeds the policy's {self.max_epsilon0:g}"
@@ -166,6 +188,10 @@ def verify_description(
         )
     if policy is not None:
         policy.check(campaign)
+
+
+class CampaignRefused(Exception):
+    """The campaign is valid but weaker than this device accepts (e.g. no local guarantee)."""
 
 
 @dataclass(frozen=True)
@@ -234,14 +260,20 @@ class Reporter:
         transport: Transport,
         ledger: BudgetLedger | None = None,
         *,
+        require_local_guarantee: bool = False,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        """Check the campaign (CampaignInvalid) and rebuild its randomiser; ``clock``/``sleep`` for tests.
+        """Check the campaign (CampaignInvalid; CampaignRefused if ``require_local_guarantee`` and
+        it has none) and rebuild its randomiser; ``clock``/``sleep`` for tests.
 
         The description is trusted as given: use ``fetch``, or ``verify_description`` first, for one
         that came through the shuffler, a broker or any cache."""
         validate_campaign(campaign)
+        if require_local_guarantee and not mechanism_has_local_guarantee(campaign):
+            raise CampaignRefused(
+                f"campaign {campaign.id!r} uses a shuffle-only protocol: its reports carry no local guarantee"
+            )
         self.campaign = pb.Campaign()
         self.campaign.CopyFrom(campaign)
         self.randomiser = randomiser_for(self.campaign)
@@ -264,6 +296,7 @@ class Reporter:
         aggregator_key: bytes | str | None = None,
         insecure_skip_verify: bool = False,
         policy: DevicePolicy | None = None,
+        require_local_guarantee: bool = False,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
         give_up_after_s: float = 60.0,
@@ -284,7 +317,15 @@ class Reporter:
         verify_description(campaign, aggregator_key, insecure_skip_verify=insecure_skip_verify, policy=policy)
         if campaign.id != campaign_id:
             raise CampaignInvalid(f"asked for campaign {campaign_id!r}, got {campaign.id!r}")
-        return cls(campaign, outbox, transport, ledger, clock=clock, sleep=sleep)
+        return cls(
+            campaign,
+            outbox,
+            transport,
+            ledger,
+            require_local_guarantee=require_local_guarantee,
+            clock=clock,
+            sleep=sleep,
+        )
 
     def check_open(self) -> None:
         """Raise CampaignClosed unless the window is open now (start inclusive, end exclusive)."""
@@ -333,10 +374,20 @@ class Reporter:
         self.randomiser.check_value(value)
         self.check_open()
         if self.ledger is not None:
-            self.ledger.charge(self.campaign.id, self.campaign.epsilon0, self.campaign.device_budget_epsilon)
+            self._book(self.ledger)
         sealed = self._seal(value)
         self.outbox.add_many([report for _, report in sealed])
         return sealed[0][0]
+
+    def _book(self, ledger: BudgetLedger) -> None:
+        """Local epsilon0 for a local randomiser; a central-only participation for a shuffle-only one
+        (at most budget / epsilon0 reports per campaign), never booked as local epsilon."""
+        campaign = self.campaign
+        if mechanism_has_local_guarantee(campaign):
+            ledger.charge(campaign.id, campaign.epsilon0, campaign.device_budget_epsilon)
+        else:
+            limit = max(1, math.floor(campaign.device_budget_epsilon / campaign.epsilon0 * (1 + 1e-9)))
+            ledger.participate(campaign.id, campaign.epsilon0, limit)
 
     def record_many(self, values: Sequence[int], progress: bool = False) -> int:
         """Queue one report per value, each from a distinct simulated device; for simulations.

@@ -46,3 +46,14 @@ def randomiser_for(campaign: pb.Campaign) -> LocalRandomiser:
         domain_size=len(campaign.labels),
         **dict(campaign.params),
     )
+
+
+def mechanism_has_local_guarantee(campaign: pb.Campaign) -> bool:
+    """Whether each report of the campaign is locally epsilon0-DP on its own (from the mechanism,
+    never from the description's own ``local_guarantee`` claim); False for shuffle-only protocols."""
+    return mechanisms.mechanism_class(mechanisms.name_for_proto(campaign.mechanism)).local_privacy
+
+
+def local_epsilon(campaign: pb.Campaign) -> float | None:
+    """The local epsilon a device keeps whoever misbehaves, or None for a shuffle-only protocol."""
+    return campaign.epsilon0 if mechanism_has_local_guarantee(campaign) else None

@@ -123,6 +123,11 @@ class LocalRandomiser(ABC):
         """
         return None if self.multi_message else 1
 
+    @property
+    def max_messages_per_device(self) -> int | None:
+        """Most messages one device can send (None: unbounded): n_min devices are at most this many each."""
+        return self.messages_per_device
+
     def devices(self, counts: Sequence[int], messages: int) -> int:
         """How many devices the counted messages came from (one message each, by default)."""
         return messages

@@ -54,6 +54,8 @@ class _MechanismEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enum
     """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
     MULTI_MESSAGE_SUM_BINOMIAL: _Mechanism.ValueType  # 12
     """multi-message summation, Bernoulli shares (finite exact law)"""
+    MULTI_MESSAGE_HISTOGRAM: _Mechanism.ValueType  # 13
+    """shufonly: one split-and-mix Polya sum per bucket, shared presence"""
 
 class Mechanism(_Mechanism, metaclass=_MechanismEnumTypeWrapper):
     """Local randomiser of a campaign. Values are stable: new mechanisms append."""
@@ -83,6 +85,8 @@ SAMPLE_AND_THRESHOLD: Mechanism.ValueType  # 11
 """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
 MULTI_MESSAGE_SUM_BINOMIAL: Mechanism.ValueType  # 12
 """multi-message summation, Bernoulli shares (finite exact law)"""
+MULTI_MESSAGE_HISTOGRAM: Mechanism.ValueType  # 13
+"""shufonly: one split-and-mix Polya sum per bucket, shared presence"""
 Global___Mechanism: typing_extensions.TypeAlias = Mechanism
 
 class _DomainKind:
@@ -184,6 +188,8 @@ class Campaign(google.protobuf.message.Message):
     PARAMS_FIELD_NUMBER: builtins.int
     QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
     SIGNATURE_FIELD_NUMBER: builtins.int
+    LOCAL_GUARANTEE_FIELD_NUMBER: builtins.int
+    LOCAL_EPSILON_FIELD_NUMBER: builtins.int
     id: builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: builtins.str
@@ -230,6 +236,14 @@ class Campaign(google.protobuf.message.Message):
     Ed25519 signature by the aggregator's signing key over every other field (docs/security.md,
     "Campaign signatures"): devices refuse a description whose signature does not verify.
     """
+    local_guarantee: builtins.bool
+    """--- shufonly ---
+    epsilon0 holds on the device; false: shuffle-only protocol whose
+    """
+    local_epsilon: builtins.float
+    """epsilon0 is the central target and a device keeps no local DP
+    the local guarantee's epsilon (epsilon0), 0 when there is none
+    """
     @property
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -264,8 +278,10 @@ class Campaign(google.protobuf.message.Message):
         params: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
         quota_per_source: builtins.int = ...,
         signature: builtins.bytes = ...,
+        local_guarantee: builtins.bool = ...,
+        local_epsilon: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___Campaign: typing_extensions.TypeAlias = Campaign
 
@@ -789,6 +805,7 @@ class PrivacyStatement(google.protobuf.message.Message):
     NOTE_FIELD_NUMBER: builtins.int
     LOCAL_GUARANTEE_FIELD_NUMBER: builtins.int
     EVALUATED_N_FIELD_NUMBER: builtins.int
+    LOCAL_EPSILON_FIELD_NUMBER: builtins.int
     epsilon0: builtins.float
     """local guarantee of every report"""
     central_epsilon: builtins.float
@@ -806,6 +823,10 @@ class PrivacyStatement(google.protobuf.message.Message):
     """--- acct ---
     the analysis ran at n' = this < smallest_batch (cost budget); 0: at the batch size
     """
+    local_epsilon: builtins.float
+    """--- shufonly ---
+    local epsilon of every report; 0 when there is no local guarantee
+    """
     def __init__(
         self,
         *,
@@ -818,8 +839,9 @@ class PrivacyStatement(google.protobuf.message.Message):
         note: builtins.str = ...,
         local_guarantee: builtins.bool = ...,
         evaluated_n: builtins.int = ...,
+        local_epsilon: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "evaluated_n", b"evaluated_n", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "evaluated_n", b"evaluated_n", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
 
 Global___PrivacyStatement: typing_extensions.TypeAlias = PrivacyStatement
 
