@@ -16,8 +16,7 @@ import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from deniable.core.accounting.protocols import (
     GRID,
@@ -40,6 +39,11 @@ from deniable.core.mechanisms.sample_threshold import (
 )
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 MAX_BUCKETS = 4096
 _SHARE_BUDGET = 0.1  # by default the two share-hiding terms may use a tenth of delta

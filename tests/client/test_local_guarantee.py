@@ -84,4 +84,10 @@ def test_a_device_requiring_local_dp_refuses_shuffle_only_campaigns(
 async def test_fetch_passes_the_requirement_on(make_campaign: Any, outbox: Outbox) -> None:
     campaign = shuffle_only_campaign(make_campaign)
     with pytest.raises(CampaignRefused):
-        await Reporter.fetch("bc", InMemoryTransport([campaign]), outbox, require_local_guarantee=True)
+        await Reporter.fetch(
+            "bc",
+            InMemoryTransport([campaign]),
+            outbox,
+            require_local_guarantee=True,
+            insecure_skip_verify=True,
+        )
