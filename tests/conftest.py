@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,3 +84,41 @@ def dev_certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
 def other_ca_certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
     """Certificates with the same roles from an unrelated CA (a stranger's)."""
     return write_dev_certs(tmp_path_factory.mktemp("other-certs"), roles=(*DEV_ROLES, "device"))
+
+
+def _load_postgres_server() -> ModuleType:
+    """tests/postgres_server.py, loaded by path (importlib mode: ``tests`` is not importable)."""
+    name = "deniable_tests_postgres_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "postgres_server.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+postgres_server_module = _load_postgres_server()
+PostgresServer = postgres_server_module.PostgresServer
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One PostgreSQL server for the session (started on first use); fails if it cannot start."""
+    try:
+        server = PostgresServer.start()
+    except postgres_server_module.PostgresUnavailable as exc:
+        problem = str(exc)
+    else:
+        yield server
+        server.stop()
+        return
+    pytest.fail(problem, pytrace=False)  # outside the except: one line, no chained traceback
+
+
+@pytest.fixture
+async def postgres_dsn(postgres_server: Any) -> AsyncIterator[str]:
+    """DSN of a fresh, empty database on the session's server (dropped afterwards)."""
+    name = await postgres_server.create_database()
+    yield postgres_server.dsn(name)
+    await postgres_server.drop_database(name)
