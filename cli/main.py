@@ -138,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     shuf_serve.add_argument("--listen", default=DEFAULT_SHUFFLER)
     shuf_serve.add_argument("--data-dir", type=Path, required=True)
     shuf_serve.add_argument("--upstream", default=DEFAULT_AGGREGATOR, help="aggregator address")
+    shuf_serve.add_argument(
+        "--spool-store",
+        default=os.environ.get("DENIABLE_SPOOL_STORE"),
+        metavar="DSN",
+        help="spool in this PostgreSQL database, shareable by several shufflers"
+        " (postgresql://user@host:port/db; password from $PGPASSWORD or $PGPASSFILE;"
+        " default $DENIABLE_SPOOL_STORE, else SQLite in the data directory)",
+    )
     shuf_serve.add_argument("--metrics-port", type=int, default=None)
     _add_server_tls_options(shuf_serve)
     shuf_serve.add_argument(
@@ -484,6 +492,7 @@ def _run(args: argparse.Namespace) -> int:
                     data_dir=args.data_dir,
                     upstream=args.upstream,
                     listen=args.listen,
+                    spool_store=args.spool_store or None,
                     metrics_port=args.metrics_port,
                     mqtt=_mqtt_ingress(args),
                     tls=server_tls(args),

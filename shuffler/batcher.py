@@ -17,7 +17,7 @@ from typing import Final
 from deniable.core.rng import default_rng
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.errors import Unavailable
-from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import Permutation, SpoolStore
 
 log = logging.getLogger("deniable.shuffler.batcher")
@@ -100,7 +100,7 @@ class Batcher:
                 if plan is None:
                     held += entry.pending
                     continue
-                if isinstance(self._store, SegmentSpool):  # sizes only: no envelope per report
+                if isinstance(self._store, SegmentPaths):  # sizes only: no envelope per report
                     fast = await asyncio.to_thread(
                         self._store.form_batch_sizes, entry.campaign_id, plan, self._permutation
                     )

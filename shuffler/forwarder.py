@@ -19,7 +19,7 @@ import grpc
 from deniable.core.rng import Csprng, default_rng
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import BatchRecord, CampaignSpoolStats, SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -219,7 +219,7 @@ class Forwarder:
 
     async def _attempt(self, batch_id: str) -> tuple[int | None, grpc.StatusCode | None]:
         """Load and send one batch, delete it once acknowledged: (reports or None if gone, failure)."""
-        if self._raw_ingest is not None and isinstance(self._store, SegmentSpool):
+        if self._raw_ingest is not None and isinstance(self._store, SegmentPaths):
             wire = await asyncio.to_thread(self._store.load_wire, batch_id)
             if wire is None:
                 return None, None

@@ -29,7 +29,7 @@ from deniable.shuffler.quota import DEFAULT_QUOTA_PER_SOURCE, DEFAULT_WINDOW_S, 
 from deniable.shuffler.rawsubmit import RawSubmitInterceptor
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
-from deniable.shuffler.spool import SqliteSpool
+from deniable.shuffler.spool import SpoolStore, SqliteSpool
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
 
@@ -49,8 +49,12 @@ ACCESS_POLICY: Final = AccessPolicy(
 """Devices reach GetCampaign, SubmitReports and health; any other RPC needs the operator role."""
 
 
-def open_spool(kind: str, path: Path) -> SqliteSpool | SegmentSpool:
-    """The spool implementation ``kind`` at ``path``."""
+def open_spool(kind: str, path: Path, store: str | None = None) -> SpoolStore:
+    """The spool: PostgreSQL at DSN ``store`` if given, else SQLite (``kind``) at ``path``."""
+    if store is not None:
+        from deniable.shuffler.spool_postgres import PostgresSpool  # asyncpg: the [postgres] extra
+
+        return PostgresSpool(store)
     return SegmentSpool(path) if kind == "segments" else SqliteSpool(path)
 
 
@@ -77,6 +81,9 @@ class ShufflerConfig:
     """Batches in flight to the aggregator at once (pipelining its parsing and decryption)."""
     spool: str = "segments"
     """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
+    spool_store: str | None = None
+    """A PostgreSQL DSN: spool there instead (several shufflers may share it); password from
+    ``PGPASSWORD`` or ``PGPASSFILE``, never needed in the DSN."""
     mqtt: MqttIngressConfig | None = None
     """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
     tls: ServerTls | None = None
@@ -116,7 +123,7 @@ class RunningShuffler:
     _pipeline: Pipeline = field(repr=False)
     _directory: CampaignDirectory = field(repr=False)
     _channel: grpc.aio.Channel = field(repr=False)
-    _store: SqliteSpool | SegmentSpool = field(repr=False)
+    _store: SpoolStore = field(repr=False)
     mqtt: MqttIngress | None = None
     _stopped: bool = field(default=False, repr=False)
 
@@ -189,7 +196,9 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         leftovers.remove()
         raise
     try:
-        store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
+        store = await asyncio.to_thread(
+            open_spool, config.spool, config.data_dir / SPOOL_FILE, config.spool_store
+        )
     except BaseException:
         lock.release()
         leftovers.remove()
@@ -240,7 +249,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
         )
         checks: dict[str, Check] = {
-            "spool": spool_check(config.data_dir, handlers),
+            "spool": spool_check(config.data_dir, handlers, store),
             "upstream": UpstreamCheck(
                 channel, config.upstream, config.upstream_grace_s, config.upstream_deadline_s
             ),

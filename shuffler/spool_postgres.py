@@ -34,6 +34,7 @@ from deniable.shuffler.spool import (
     CampaignSpoolStats,
     Envelope,
     Permutation,
+    SpoolUnavailable,
     new_batch_id,
 )
 from deniable.v1 import deniable_pb2 as pb
@@ -122,7 +123,10 @@ class PostgresSpool:
         if self._closed:
             work.close()
             raise RuntimeError("the spool is closed")
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+        try:
+            return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            raise SpoolUnavailable(f"spool store {self._label}: {one_line(exc)}") from exc
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

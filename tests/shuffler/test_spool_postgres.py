@@ -79,7 +79,7 @@ def test_forming_waits_for_the_campaigns_advisory_lock(dsn: str) -> None:
     holder = threading.Thread(target=lambda: asyncio.run(hold(release, held)))
     holder.start()
     try:
-        spool.append(reports(3, 0) + [Envelope("b", 1, b"b-1")])
+        spool.append([*reports(3, 0), Envelope("b", 1, b"b-1")])
         assert held.wait(30)
         with ThreadPoolExecutor(max_workers=1) as pool:
             waiting = pool.submit(spool.form_batch, "a", 10, default_rng().permutation)
