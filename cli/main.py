@@ -124,6 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="destroy a retired HPKE key this long after its last campaign closed (default one day)",
     )
     agg_serve.add_argument(
+        "--nats",
+        default=None,
+        metavar="URL",
+        help="also take batches from this NATS JetStream (nats://host:4222), as one more worker"
+        " (default: gRPC IngestBatch only)",
+    )
+    agg_serve.add_argument(
+        "--nats-ack-wait",
+        type=_positive_float,
+        default=60.0,
+        help="seconds a worker may hold a batch unacknowledged before it is redelivered (default 60)",
+    )
+    agg_serve.add_argument(
         "--store",
         default=None,
         metavar="DSN",
@@ -138,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     shuf_serve.add_argument("--listen", default=DEFAULT_SHUFFLER)
     shuf_serve.add_argument("--data-dir", type=Path, required=True)
     shuf_serve.add_argument("--upstream", default=DEFAULT_AGGREGATOR, help="aggregator address")
+    shuf_serve.add_argument(
+        "--forward-nats",
+        default=None,
+        metavar="URL",
+        help="forward batches to this NATS JetStream (nats://host:4222) instead of gRPC;"
+        " campaigns still come from --upstream (default: gRPC forwarding)",
+    )
     shuf_serve.add_argument(
         "--spool-store",
         default=os.environ.get("DENIABLE_SPOOL_STORE"),
@@ -479,6 +499,8 @@ def _run(args: argparse.Namespace) -> int:
                     tls=server_tls(args),
                     insecure=args.insecure,
                     key_drain_s=args.key_drain_s,
+                    nats=args.nats,
+                    nats_ack_wait_s=args.nats_ack_wait,
                 )
             )
         )
@@ -493,6 +515,7 @@ def _run(args: argparse.Namespace) -> int:
                     upstream=args.upstream,
                     listen=args.listen,
                     spool_store=args.spool_store or None,
+                    forward_nats=args.forward_nats,
                     metrics_port=args.metrics_port,
                     mqtt=_mqtt_ingress(args),
                     tls=server_tls(args),

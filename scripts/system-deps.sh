@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs beyond Python: mosquitto (the MQTT broker the MQTT
 # transport tests start) and postgresql (the server binaries the PostgreSQL store tests run
-# with initdb/pg_ctl in a temporary directory). Installs only what is missing; needs root or sudo.
+# with initdb/pg_ctl in a temporary directory) and nats-server (JetStream, started by the NATS
+# tests on a free loopback port). Installs only what is missing; needs root or sudo.
 set -euo pipefail
 need=()
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+[ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "installing Debian packages: ${need[*]}" >&2
 sudo=()

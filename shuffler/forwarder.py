@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import grpc
 
@@ -47,6 +47,13 @@ class ForwardResult:
     batches: int = 0
     reports: int = 0
     failures: int = 0
+
+
+class BatchForwarder(Protocol):
+    """Sends unacknowledged batches upstream (gRPC by default, NATS JetStream as an option)."""
+
+    async def forward(self, campaign_id: str = "", *, force: bool = False) -> ForwardResult:
+        """One pass over the spool's batches (of ``campaign_id`` if given)."""
 
 
 class Backoff:
@@ -269,7 +276,7 @@ class Pipeline:
         self,
         store: SpoolStore,
         batcher: Batcher,
-        forwarder: Forwarder,
+        forwarder: BatchForwarder,
         metrics: ShufflerMetrics,
         interval_s: float = 0.5,
     ) -> None:

@@ -7,20 +7,20 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from deniable.core import service
+from deniable.core import jetstream, service
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import Check, HealthMonitor
 from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
-from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
+from deniable.shuffler.forwarder import BatchForwarder, Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.health import DEFAULT_UPSTREAM_GRACE_S, UpstreamCheck, spool_check
 from deniable.shuffler.metrics import ShufflerMetrics
@@ -81,6 +81,9 @@ class ShufflerConfig:
     """Batches in flight to the aggregator at once (pipelining its parsing and decryption)."""
     spool: str = "segments"
     """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
+    forward_nats: str | None = None
+    """Forward batches to this NATS JetStream URL instead of gRPC (core/jetstream.py); campaigns
+    still come from ``upstream``. TLS with the shuffler's certificate unless ``insecure``."""
     spool_store: str | None = None
     """A PostgreSQL DSN: spool there instead (several shufflers may share it); password from
     ``PGPASSWORD`` or ``PGPASSFILE``, never needed in the DSN."""
@@ -125,6 +128,7 @@ class RunningShuffler:
     _channel: grpc.aio.Channel = field(repr=False)
     _store: SpoolStore = field(repr=False)
     mqtt: MqttIngress | None = None
+    _nats: Any = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
@@ -142,12 +146,27 @@ class RunningShuffler:
             await self.mqtt.stop()
         await self._server.stop(grace)
         await self._pipeline.stop()
+        if self._nats is not None:
+            await self._nats.close()
         await self._directory.close()
         await self._channel.close()
         self.metrics.stop_http()
         await asyncio.to_thread(self._store.close)
         self._lock.release()
         log.info("shuffler stopped")
+
+
+async def _nats_forwarder(
+    config: ShufflerConfig, store: SpoolStore, metrics: ShufflerMetrics
+) -> tuple[Any, BatchForwarder]:
+    """Connect to JetStream (ConfigurationError if it cannot) and a forwarder publishing there."""
+    from deniable.shuffler.forward_nats import NatsForwarder
+
+    assert config.forward_nats is not None
+    own = config.tls
+    tls = None if own is None else jetstream.tls_context(own.cert, own.key, own.ca)
+    client, js = await jetstream.connect(config.forward_nats, tls, config.insecure)
+    return client, NatsForwarder(store, js, metrics, timeout_s=config.forward_deadline_s)
 
 
 def _connect_address(listen: str, port: int) -> str:
@@ -204,6 +223,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         leftovers.remove()
         raise
     metrics = ShufflerMetrics()
+    nats_client: Any = None
     channel = open_channel(config.upstream, upstream_tls, insecure=config.insecure)
     guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
     server = service.new_server(
@@ -224,7 +244,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         batcher = Batcher(
             store, directory, max_batch_reports=config.max_batch_reports, quiet_s=config.quiet_s
         )
-        forwarder = Forwarder(
+        forwarder: BatchForwarder = Forwarder(
             store,
             upstream,
             metrics,
@@ -234,6 +254,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             raw_ingest=raw_ingest_callable(channel),
             window=config.forward_window,
         )
+        if config.forward_nats is not None:
+            nats_client, forwarder = await _nats_forwarder(config, store, metrics)
         pipeline = Pipeline(store, batcher, forwarder, metrics, config.batch_interval_s)
         handlers = ShufflerHandlers(
             store,
@@ -275,6 +297,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             await monitor.stop()
         await server.stop(None)
         await channel.close()
+        if nats_client is not None:
+            await nats_client.close()
         metrics.stop_http()
         await asyncio.to_thread(store.close)
         lock.release()
@@ -315,6 +339,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         _channel=channel,
         _store=store,
         mqtt=ingress,
+        _nats=nats_client,
         operator_port=operator_port,
         operator_address=operator_address,
     )

@@ -65,6 +65,7 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 6
 def _services(commands: list[tuple[list[str], int]], root: Path) -> Iterator[None]:
     """``deniable ... serve`` processes, all started at once; SIGTERM at the end, exit 0 required."""
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    root.mkdir(parents=True, exist_ok=True)
     try:
         for i, (args, _) in enumerate(commands):
             log = root / f"{args[0]}{i}.log"
@@ -286,3 +287,102 @@ def test_two_shufflers_and_two_aggregators_count_exactly_like_one_of_each(
     sizes = asyncio.run(batch_sizes())
     assert sum(sizes) == total and min(sizes) >= N_MIN
     print(f"batch sizes {sorted(sizes)}; counted per aggregator {many_by}")
+
+
+# ---------------------------------------------------------------- NATS JetStream between the two
+
+
+def _aggregator_args(root: Path, keys: Path, name: str, store: str, nats: str) -> tuple[list[str], int, int]:
+    """Arguments of one aggregator worker consuming from NATS (keys copied), its port, metrics port."""
+    port, metrics = _free_port(), _free_port()
+    data = root / name
+    data.mkdir(parents=True)
+    shutil.copytree(keys / KEYS_DIR, data / KEYS_DIR)
+    args = ["aggregator", "serve", "--data-dir", str(data), "--listen", f"127.0.0.1:{port}"]
+    args += ["--metrics-port", str(metrics), "--store", store, "--nats", nats, "--nats-ack-wait", "2"]
+    return args, port, metrics
+
+
+async def _ack_pending(nats: str) -> tuple[int, int]:
+    """(messages held by a worker unacknowledged, messages waiting) of the shared consumer."""
+    import nats as nats_py
+
+    from deniable.core.jetstream import CONSUMER, STREAM
+
+    client = await nats_py.connect(nats)
+    try:
+        info = await client.jetstream().consumer_info(STREAM, CONSUMER)
+        return int(info.num_ack_pending or 0), int(info.num_pending or 0)
+    finally:
+        await client.close()
+
+
+def _batches_by(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    found = re.findall(
+        r'^deniable_aggregator_batches_total\{outcome="(?:ingested|duplicate)"\} (\S+)$', text, re.M
+    )
+    return sum(float(v) for v in found)
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_killed_mid_batch_has_it_redelivered_and_counted_once(
+    tmp_path: Path, postgres_server: Any, nats_url: str
+) -> None:
+    """Shuffler → JetStream → aggregator workers (OS processes, one PostgreSQL store). Worker A
+    takes the one batch and is SIGKILLed while it holds it unacknowledged; workers B and C, started
+    only afterwards, get it redelivered (so B or C ingested it) and it is counted exactly once."""
+    keys = tmp_path / "keys"
+    Keyring.load_or_create(keys)
+    store = postgres_server.dsn(asyncio.run(postgres_server.create_database("agg")))
+    a_args, a_port, _ = _aggregator_args(tmp_path, keys, "agg-a", store, nats_url)
+    a = subprocess.Popen([*CLI, *a_args, "--insecure"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(a_port, a)
+        shuffler_port = _free_port()
+        shuffler = [
+            "shuffler",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "shuf"),
+            "--listen",
+            f"127.0.0.1:{shuffler_port}",
+            "--upstream",
+            f"127.0.0.1:{a_port}",
+            "--quota-per-source",
+            "0",
+            "--forward-nats",
+            nats_url,
+        ]
+        with _services([(shuffler, shuffler_port)], tmp_path):
+            campaign = asyncio.run(_create_campaign(f"127.0.0.1:{a_port}"))
+            (reports,) = _sealed_reports(campaign, 1, 6000)
+            address = f"127.0.0.1:{shuffler_port}"
+
+            async def submit() -> None:
+                await _wait_serving(address)
+                async with grpc.aio.insecure_channel(address) as channel:
+                    stub = deniable_pb2_grpc.ShufflerStub(channel)
+                    for i in range(0, len(reports), 1000):
+                        request = pb.SubmitReportsRequest(reports=reports[i : i + 1000])
+                        assert (await stub.SubmitReports(request, timeout=30)).accepted == 1000
+
+            asyncio.run(submit())
+            deadline = time.monotonic() + 120
+            while asyncio.run(_ack_pending(nats_url))[0] < 1:  # A took the batch, has not acked it
+                assert time.monotonic() < deadline and a.poll() is None, "worker A never took the batch"
+                time.sleep(0.01)
+            a.kill()
+            a.wait(timeout=30)
+
+            workers = [_aggregator_args(tmp_path, keys, f"agg-{n}", store, nats_url) for n in "bc"]
+            with _services([(args, port) for args, port, _ in workers], tmp_path / "bc"):
+                answer = asyncio.run(_wait_counted(f"127.0.0.1:{workers[0][1]}", len(reports)))
+                assert answer.n == len(reports) and answer.rejected == 0
+                assert sum(_batches_by(metrics) for _, _, metrics in workers) >= 1  # redelivered to B or C
+                assert sum(_counted_by(metrics) for _, _, metrics in workers) in (0, len(reports))
+                assert asyncio.run(_ack_pending(nats_url)) == (0, 0)
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait(timeout=30)
