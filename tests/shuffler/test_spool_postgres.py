@@ -15,7 +15,7 @@ import pytest
 from deniable.core.errors import ConfigurationError
 from deniable.core.rng import default_rng
 from deniable.shuffler.segments import parse_batch_wire
-from deniable.shuffler.spool import Envelope
+from deniable.shuffler.spool import Envelope, SpoolUnavailable
 from deniable.shuffler.spool_postgres import LOCK_NAMESPACE, PostgresSpool
 
 
@@ -142,3 +142,19 @@ def test_bad_dsns_are_one_line_errors_without_the_password(postgres_server: Any)
         PostgresSpool(wrong, timeout_s=5)
     assert "hunter2" not in str(caught.value) and "\n" not in str(caught.value)
     assert "cannot use spool store postgresql://postgres@127.0.0.1" in str(caught.value)
+
+
+def test_a_database_gone_is_spool_unavailable_like_a_full_disk(postgres_server: Any) -> None:
+    """The handlers turn OSError into UNAVAILABLE (nothing acknowledged); health pings fail too."""
+    name = asyncio.run(postgres_server.create_database("gone"))
+    spool = PostgresSpool(postgres_server.dsn(name))
+    try:
+        spool.append(reports(2, 0))
+        asyncio.run(postgres_server.drop_database(name))  # ends the pool's sessions
+        with pytest.raises(SpoolUnavailable) as caught:
+            spool.append(reports(2, 2))
+        assert isinstance(caught.value, OSError) and postgres_server.password not in str(caught.value)
+        with pytest.raises(OSError):
+            spool.ping()
+    finally:
+        spool.close()
