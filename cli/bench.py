@@ -354,7 +354,6 @@ async def _run(config: BenchConfig, workdir: Path) -> dict[str, Any]:
                 "data_dir": workdir / "shuffler-stage",
                 "upstream": sink_address,
                 "listen": "127.0.0.1:0",
-                "quiet_s": 3600.0,
                 "batch_interval_s": 3600.0,
                 "max_batch_reports": config.batch_reports,
             },

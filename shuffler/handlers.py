@@ -204,7 +204,12 @@ class ShufflerHandlers:
         return result
 
     async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
-        """Batch and forward now; below n_min only with the operator override."""
+        """Batch and forward now; below n_min only with the operator override.
+
+        A named campaign is looked up afresh first, so a window the operator just closed is seen.
+        """
+        if campaign_id:
+            await self.directory.refresh(campaign_id, force=True)
         return await self._pipeline.flush(campaign_id, below_n_min)
 
     async def get_campaign(self, campaign_id: str) -> pb.Campaign:

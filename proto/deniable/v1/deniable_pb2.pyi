@@ -186,6 +186,10 @@ class Campaign(_message.Message):
     TARGET_EPSILON_FIELD_NUMBER: _builtins.int
     EXPECTED_N_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
+    BATCH_TARGET_FIELD_NUMBER: _builtins.int
+    CLOSED_FIELD_NUMBER: _builtins.int
+    KEEP_REQUESTS_WHOLE_FIELD_NUMBER: _builtins.int
+    BELOW_N_MIN_UNTIL_UNIX_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: _builtins.str
@@ -223,6 +227,18 @@ class Campaign(_message.Message):
     """0 when the campaign was created from epsilon0 directly"""
     expected_n: _builtins.int
     """planning assumption for target_epsilon"""
+    batch_target: _builtins.int
+    """--- batch ---
+    messages the shuffler collects before it releases a batch: the
+    """
+    closed: _builtins.bool
+    """batch size the guarantee was planned for (never below n_min)
+    the operator closed the window early (window_end_unix is then)
+    """
+    keep_requests_whole: _builtins.bool
+    """multi-message: a request's messages are never split over batches"""
+    below_n_min_until_unix: _builtins.int
+    """operator authorised batches below n_min until this time (0: never)"""
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -255,10 +271,14 @@ class Campaign(_message.Message):
         target_epsilon: _builtins.float = ...,
         expected_n: _builtins.int = ...,
         params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        batch_target: _builtins.int = ...,
+        closed: _builtins.bool = ...,
+        keep_requests_whole: _builtins.bool = ...,
+        below_n_min_until_unix: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_target", b"batch_target", "below_n_min_until_unix", b"below_n_min_until_unix", "ciphertext_length", b"ciphertext_length", "closed", b"closed", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "keep_requests_whole", b"keep_requests_whole", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -479,20 +499,28 @@ class FlushResponse(_message.Message):
     BATCHES_FORWARDED_FIELD_NUMBER: _builtins.int
     REPORTS_FORWARDED_FIELD_NUMBER: _builtins.int
     REPORTS_HELD_FIELD_NUMBER: _builtins.int
+    WINDOW_HELD_FIELD_NUMBER: _builtins.int
     batches_forwarded: _builtins.int
     reports_forwarded: _builtins.int
     reports_held: _builtins.int
     """still spooled (below n_min and no override, or upstream down)"""
+    @_builtins.property
+    def window_held(self) -> _containers.RepeatedCompositeFieldContainer[Global___WindowHeld]:
+        """--- batch ---
+        campaigns whose window ended with fewer than n_min reports
+        """
+
     def __init__(
         self,
         *,
         batches_forwarded: _builtins.int = ...,
         reports_forwarded: _builtins.int = ...,
         reports_held: _builtins.int = ...,
+        window_held: _abc.Iterable[Global___WindowHeld] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_forwarded", b"batches_forwarded", "reports_forwarded", b"reports_forwarded", "reports_held", b"reports_held"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_forwarded", b"batches_forwarded", "reports_forwarded", b"reports_forwarded", "reports_held", b"reports_held", "window_held", b"window_held"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -681,6 +709,8 @@ class CreateCampaignRequest(_message.Message):
     PARAMS_FIELD_NUMBER: _builtins.int
     TARGET_EPSILON_FIELD_NUMBER: _builtins.int
     EXPECTED_N_FIELD_NUMBER: _builtins.int
+    BATCH_TARGET_FIELD_NUMBER: _builtins.int
+    WINDOW_S_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     question: _builtins.str
     kind: Global___DomainKind.ValueType
@@ -699,6 +729,12 @@ class CreateCampaignRequest(_message.Message):
     target_epsilon: _builtins.float
     """with expected_n: plan epsilon0 (and mechanism if unset) from a central target"""
     expected_n: _builtins.int
+    batch_target: _builtins.int
+    """--- batch ---
+    devices per released batch (default: expected_n if planned, else n_min)
+    """
+    window_s: _builtins.int
+    """window length from creation, if window_end_unix is 0 (0: default 7 days)"""
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """required for CATEGORICAL, ignored for BINARY"""
@@ -724,10 +760,12 @@ class CreateCampaignRequest(_message.Message):
         params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         target_epsilon: _builtins.float = ...,
         expected_n: _builtins.int = ...,
+        batch_target: _builtins.int = ...,
+        window_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_target", b"batch_target", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_s", b"window_s", "window_start_unix", b"window_start_unix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -857,6 +895,10 @@ class PrivacyStatement(_message.Message):
     SMALLEST_BATCH_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
     LOCAL_GUARANTEE_FIELD_NUMBER: _builtins.int
+    BATCH_TARGET_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    BELOW_N_MIN_AUTHORISED_FIELD_NUMBER: _builtins.int
+    EPSILON_UNAVAILABLE_FIELD_NUMBER: _builtins.int
     epsilon0: _builtins.float
     """local guarantee of every report"""
     central_epsilon: _builtins.float
@@ -870,6 +912,16 @@ class PrivacyStatement(_message.Message):
     note: _builtins.str
     local_guarantee: _builtins.bool
     """epsilon0 holds locally (false for shuffle-only protocols)"""
+    batch_target: _builtins.int
+    """--- batch ---
+    devices the campaign's guarantee was planned for (0: not set)
+    """
+    batches: _builtins.int
+    """batches counted"""
+    below_n_min_authorised: _builtins.bool
+    """the operator authorised batches below n_min for this campaign"""
+    epsilon_unavailable: _builtins.str
+    """why no finite central epsilon can be stated (central_epsilon is then inf)"""
     def __init__(
         self,
         *,
@@ -881,10 +933,14 @@ class PrivacyStatement(_message.Message):
         smallest_batch: _builtins.int = ...,
         note: _builtins.str = ...,
         local_guarantee: _builtins.bool = ...,
+        batch_target: _builtins.int = ...,
+        batches: _builtins.int = ...,
+        below_n_min_authorised: _builtins.bool = ...,
+        epsilon_unavailable: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "batch_target", b"batch_target", "batches", b"batches", "below_n_min_authorised", b"below_n_min_authorised", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "epsilon_unavailable", b"epsilon_unavailable", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1009,3 +1065,79 @@ class ListKeysResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListKeysResponse: _TypeAlias = ListKeysResponse  # noqa: Y015
+
+@_typing.final
+class WindowHeld(_message.Message):
+    """--- batch ---
+
+    A campaign whose collection window ended while the shuffler held fewer than n_min of its reports.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    N_MIN_FIELD_NUMBER: _builtins.int
+    campaign_id: _builtins.str
+    pending: _builtins.int
+    n_min: _builtins.int
+    def __init__(
+        self,
+        *,
+        campaign_id: _builtins.str = ...,
+        pending: _builtins.int = ...,
+        n_min: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "n_min", b"n_min", "pending", b"pending"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WindowHeld: _TypeAlias = WindowHeld  # noqa: Y015
+
+@_typing.final
+class CloseCampaignRequest(_message.Message):
+    """Close a campaign's window now: the shuffler releases what it holds (at least n_min) and refuses more."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
+    campaign_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        campaign_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseCampaignRequest: _TypeAlias = CloseCampaignRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseBelowNMinRequest(_message.Message):
+    """Authorise the shuffler to forward batches below n_min for a while (recorded; stated in answers)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
+    VALID_S_FIELD_NUMBER: _builtins.int
+    campaign_id: _builtins.str
+    valid_s: _builtins.int
+    """how long the authorisation holds (default 600, at most 86400)"""
+    def __init__(
+        self,
+        *,
+        campaign_id: _builtins.str = ...,
+        valid_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "valid_s", b"valid_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseBelowNMinRequest: _TypeAlias = ReleaseBelowNMinRequest  # noqa: Y015

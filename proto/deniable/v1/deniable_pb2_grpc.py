@@ -317,6 +317,16 @@ class AggregatorStub:
                 request_serializer=deniable_dot_v1_dot_deniable__pb2.ListKeysRequest.SerializeToString,
                 response_deserializer=deniable_dot_v1_dot_deniable__pb2.ListKeysResponse.FromString,
                 _registered_method=True)
+        self.CloseCampaign = channel.unary_unary(
+                '/deniable.v1.Aggregator/CloseCampaign',
+                request_serializer=deniable_dot_v1_dot_deniable__pb2.CloseCampaignRequest.SerializeToString,
+                response_deserializer=deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
+                _registered_method=True)
+        self.ReleaseBelowNMin = channel.unary_unary(
+                '/deniable.v1.Aggregator/ReleaseBelowNMin',
+                request_serializer=deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.SerializeToString,
+                response_deserializer=deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
+                _registered_method=True)
 
 
 class AggregatorServicer:
@@ -365,6 +375,19 @@ class AggregatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CloseCampaign(self, request, context):
+        """--- batch --- (operator only)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseBelowNMin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -402,6 +425,16 @@ def add_AggregatorServicer_to_server(servicer, server):
                     servicer.ListKeys,
                     request_deserializer=deniable_dot_v1_dot_deniable__pb2.ListKeysRequest.FromString,
                     response_serializer=deniable_dot_v1_dot_deniable__pb2.ListKeysResponse.SerializeToString,
+            ),
+            'CloseCampaign': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseCampaign,
+                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.CloseCampaignRequest.FromString,
+                    response_serializer=deniable_dot_v1_dot_deniable__pb2.Campaign.SerializeToString,
+            ),
+            'ReleaseBelowNMin': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseBelowNMin,
+                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.FromString,
+                    response_serializer=deniable_dot_v1_dot_deniable__pb2.Campaign.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -594,6 +627,60 @@ class Aggregator:
             '/deniable.v1.Aggregator/ListKeys',
             deniable_dot_v1_dot_deniable__pb2.ListKeysRequest.SerializeToString,
             deniable_dot_v1_dot_deniable__pb2.ListKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseCampaign(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deniable.v1.Aggregator/CloseCampaign',
+            deniable_dot_v1_dot_deniable__pb2.CloseCampaignRequest.SerializeToString,
+            deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseBelowNMin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deniable.v1.Aggregator/ReleaseBelowNMin',
+            deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.SerializeToString,
+            deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
             options,
             channel_credentials,
             insecure,

@@ -108,6 +108,9 @@ class AggregatorStub:
     BinarySum: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]
     Histogram: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]
     ListKeys: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ListKeysRequest, _deniable_pb2.ListKeysResponse]
+    CloseCampaign: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.CloseCampaignRequest, _deniable_pb2.Campaign]
+    """--- batch --- (operator only)"""
+    ReleaseBelowNMin: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ReleaseBelowNMinRequest, _deniable_pb2.Campaign]
 
 @_typing.type_check_only
 class AggregatorAsyncStub(AggregatorStub):
@@ -121,6 +124,9 @@ class AggregatorAsyncStub(AggregatorStub):
     BinarySum: _aio.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]  # type: ignore[assignment]
     Histogram: _aio.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]  # type: ignore[assignment]
     ListKeys: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ListKeysRequest, _deniable_pb2.ListKeysResponse]  # type: ignore[assignment]
+    CloseCampaign: _aio.UnaryUnaryMultiCallable[_deniable_pb2.CloseCampaignRequest, _deniable_pb2.Campaign]  # type: ignore[assignment]
+    """--- batch --- (operator only)"""
+    ReleaseBelowNMin: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ReleaseBelowNMinRequest, _deniable_pb2.Campaign]  # type: ignore[assignment]
 
 class AggregatorServicer(metaclass=_abc_1.ABCMeta):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
@@ -173,5 +179,20 @@ class AggregatorServicer(metaclass=_abc_1.ABCMeta):
         request: _deniable_pb2.ListKeysRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_deniable_pb2.ListKeysResponse, _abc.Awaitable[_deniable_pb2.ListKeysResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CloseCampaign(
+        self,
+        request: _deniable_pb2.CloseCampaignRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_deniable_pb2.Campaign, _abc.Awaitable[_deniable_pb2.Campaign]]:
+        """--- batch --- (operator only)"""
+
+    @_abc_1.abstractmethod
+    def ReleaseBelowNMin(
+        self,
+        request: _deniable_pb2.ReleaseBelowNMinRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_deniable_pb2.Campaign, _abc.Awaitable[_deniable_pb2.Campaign]]: ...
 
 def add_AggregatorServicer_to_server(servicer: AggregatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
