@@ -47,6 +47,12 @@ MAX_QUESTION_CHARS: Final = 4096
 DEFAULT_DELTA: Final = 1e-6
 DEFAULT_N_MIN: Final = 1000
 DEFAULT_CONFIDENCE: Final = 0.95
+DEFAULT_WINDOW_S: Final = 7 * 24 * 3600
+"""A campaign's collection window when none is given: seven days from its creation (or start)."""
+MAX_WINDOW_S: Final = 10 * 366 * 24 * 3600
+DEFAULT_RELEASE_S: Final = 600
+MAX_RELEASE_S: Final = 24 * 3600
+MAX_BATCH_TARGET: Final = 1 << 40
 MIN_CHUNK: Final = 512
 BATCH_DIGEST_DOMAIN: Final = b"deniable/v1/batch"  # core.batches.batch_digest's prefix
 PAYLOAD_OUT_OF_DOMAIN: Final = int(pb.PAYLOAD_OUT_OF_DOMAIN)
@@ -132,6 +138,8 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         raise InvalidRequest("window times are Unix seconds and cannot be negative")
     if start and end and end <= start:
         raise InvalidRequest(f"window_end_unix ({end}) must be after window_start_unix ({start})")
+    if not 0 <= request.window_s <= MAX_WINDOW_S:
+        raise InvalidRequest(f"window_s must lie in [0, {MAX_WINDOW_S}], got {request.window_s}")
     budget = request.device_budget_epsilon if request.device_budget_epsilon != 0 else epsilon0
     if not (_finite(budget) and budget >= epsilon0):
         raise InvalidRequest(
@@ -151,8 +159,11 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
     # The request's n_min counts devices; the shuffler counts messages (reports). Where every device
     # sends the same number of messages, convert, so a released round holds n_min devices.
     per_device = randomiser.messages_per_device or 1
+    target = _batch_target(request.batch_target, n_min, randomiser.max_messages_per_device, per_device)
     n_min = min(n_min * per_device, 2**32 - 1)
     return pb.Campaign(
+        batch_target=target,
+        keep_requests_whole=randomiser.multi_message,
         id=request.id,
         question=request.question,
         kind=request.kind,
@@ -166,6 +177,18 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         device_budget_epsilon=budget,
         params={**params, **randomiser.parameters()},
     )
+
+
+def _batch_target(devices: int, n_min: int, most_per_device: int | None, per_device: int) -> int:
+    """The batch target in messages: ``devices`` (default n_min devices) times the most messages one
+    device sends, so a batch that reaches it holds at least that many devices."""
+    if devices and devices < n_min:
+        raise InvalidRequest(f"batch_target ({devices}) cannot be below n_min ({n_min})")
+    if devices > MAX_BATCH_TARGET:
+        raise InvalidRequest(f"batch_target must be at most {MAX_BATCH_TARGET}, got {devices}")
+    if not devices:
+        return n_min * per_device
+    return devices * (most_per_device or 1)
 
 
 def wants_plan(request: pb.CreateCampaignRequest) -> bool:
@@ -213,6 +236,7 @@ def plan_campaign(request: pb.CreateCampaignRequest) -> pb.Campaign:
         planned.mechanism = mechanisms.proto_for_name(candidate.mechanism)  # type: ignore[assignment]
         planned.epsilon0 = candidate.epsilon0
         planned.n_min = request.n_min or min(int(expected_n), 2**32 - 1)
+        planned.batch_target = request.batch_target or max(int(expected_n), planned.n_min)
         try:
             campaign = validate_campaign_request(planned)
         except InvalidRequest as exc:
@@ -226,11 +250,35 @@ def plan_campaign(request: pb.CreateCampaignRequest) -> pb.Campaign:
     raise InvalidRequest(f"no planned mechanism is allowed for this campaign ({'; '.join(refused)})")
 
 
-def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.PrivacyStatement:
+def target_devices(campaign: pb.Campaign) -> int:
+    """The batch target in devices (``Campaign.batch_target`` counts messages; 0 if unset)."""
+    most = randomiser_for(campaign).max_messages_per_device or 1
+    return int(campaign.batch_target) // most
+
+
+def _batch_notes(campaign: pb.Campaign, smallest_batch: int, target: int) -> list[str]:
+    """What the statement must say about how the batches were released."""
+    notes = []
+    if target and smallest_batch < target:
+        notes.append(
+            f"the smallest batch ({smallest_batch} devices) is below the campaign's batch target"
+            f" ({target}): released at the window's close or forced by the operator"
+        )
+    if campaign.below_n_min_until_unix:
+        notes.append("the operator authorised batches below n_min for this campaign")
+    return notes
+
+
+def privacy_statement(
+    campaign: pb.Campaign, n: int, smallest_batch: int, batches: int = 0
+) -> pb.PrivacyStatement:
     """The guarantee for the counted reports: central (epsilon, delta) at the smallest shuffle."""
     randomiser = randomiser_for(campaign)
+    target = target_devices(campaign)
     if n == 0 or smallest_batch == 0:
         return pb.PrivacyStatement(
+            batch_target=target,
+            below_n_min_authorised=bool(campaign.below_n_min_until_unix),
             epsilon0=campaign.epsilon0,
             central_epsilon=campaign.epsilon0,
             delta=0.0,
@@ -241,7 +289,15 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
             local_guarantee=randomiser.local_privacy,
         )
     bound = randomiser.central_guarantee(smallest_batch, campaign.delta)
+    note = "; ".join(filter(None, [bound.note, *_batch_notes(campaign, smallest_batch, target)]))
+    unavailable = ""
+    if not math.isfinite(bound.epsilon):
+        unavailable = bound.note or f"{bound.analysis} gives no finite epsilon at n = {smallest_batch}"
     return pb.PrivacyStatement(
+        batch_target=target,
+        batches=batches,
+        below_n_min_authorised=bool(campaign.below_n_min_until_unix),
+        epsilon_unavailable=unavailable,
         local_guarantee=randomiser.local_privacy,
         epsilon0=campaign.epsilon0,
         central_epsilon=bound.epsilon,
@@ -249,7 +305,7 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
         analysis=bound.analysis,
         amplified=bound.amplified,
         smallest_batch=smallest_batch,
-        note=bound.note,
+        note=note,
     )
 
 
@@ -307,11 +363,44 @@ class AggregatorHandlers:
         campaign.plaintext_length = layout.plaintext_length
         campaign.ciphertext_length = layout.ciphertext_length
         campaign.created_unix = int(self._clock())
+        if not campaign.window_end_unix:
+            opens = max(campaign.window_start_unix, campaign.created_unix)
+            campaign.window_end_unix = opens + (request.window_s or DEFAULT_WINDOW_S)
         try:
             await self.store.create_campaign(campaign)
         except CampaignExists:
             raise AlreadyExists(f"campaign {campaign.id} already exists") from None
         return campaign
+
+    async def save_campaign(self, campaign: pb.Campaign) -> pb.Campaign:
+        """Store a changed campaign description (the one place a stored campaign is rewritten)."""
+        try:
+            await self.store.update_campaign(campaign)
+        except UnknownCampaign:
+            raise NotFound(f"no campaign {campaign.id!r}") from None
+        return campaign
+
+    async def close_campaign(self, request: pb.CloseCampaignRequest) -> pb.Campaign:
+        """Operator: end the collection window now (idempotent); the shuffler then releases."""
+        campaign = await self._campaign(request.campaign_id)
+        if campaign.closed:
+            return campaign
+        now = int(self._clock())
+        campaign.closed = True
+        if not campaign.window_end_unix or campaign.window_end_unix > now:
+            campaign.window_end_unix = max(now, campaign.window_start_unix + 1)
+        self.metrics.operator_action("close_campaign")
+        return await self.save_campaign(campaign)
+
+    async def release_below_n_min(self, request: pb.ReleaseBelowNMinRequest) -> pb.Campaign:
+        """Operator: accept batches below n_min for ``valid_s`` seconds (recorded, then stated)."""
+        valid_s = request.valid_s or DEFAULT_RELEASE_S
+        if valid_s > MAX_RELEASE_S:
+            raise InvalidRequest(f"valid_s must be at most {MAX_RELEASE_S}, got {valid_s}")
+        campaign = await self._campaign(request.campaign_id)
+        campaign.below_n_min_until_unix = int(self._clock()) + valid_s
+        self.metrics.operator_action("release_below_n_min")
+        return await self.save_campaign(campaign)
 
     async def _campaign(self, campaign_id: str) -> pb.Campaign:
         if not campaign_id:
@@ -381,9 +470,15 @@ class AggregatorHandlers:
         if seen is not None:
             return self._duplicate(batch, seen.campaign_id, seen.digest)
 
+        self._check_batch_size(campaign, len(envelopes))
         randomiser = randomiser_for(campaign)
         opened = await self._open(campaign, envelopes)
         valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
+        if randomiser.multi_message:
+            problem = await asyncio.to_thread(_incomplete, randomiser, valid)
+            if problem is not None:
+                self.metrics.batch("incomplete")
+                raise FailedPrecondition(f"batch {batch.batch_id[:80]!r} is refused: {problem}")
         try:
             outcome = await self.store.ingest(
                 batch_id=batch.batch_id,
@@ -413,6 +508,19 @@ class AggregatorHandlers:
                 pb.RejectionCount(reason=reason, count=count)  # type: ignore[arg-type]
                 for reason, count in sorted(outcome.rejected.items())
             ],
+        )
+
+    def _check_batch_size(self, campaign: pb.Campaign, size: int) -> None:
+        """Refuse a batch below n_min unless the operator authorised it (and it has not lapsed).
+
+        An empty batch counts nobody and hides nobody: it is recorded as before.
+        """
+        if size == 0 or size >= campaign.n_min or self._clock() < campaign.below_n_min_until_unix:
+            return
+        self.metrics.batch("below_n_min")
+        raise FailedPrecondition(
+            f"batch of {size} reports is below the campaign's n_min ({campaign.n_min}) and no operator"
+            " authorised a release below n_min (ReleaseBelowNMin)"
         )
 
     def _duplicate(self, batch: pb.ShuffledBatch, campaign_id: str, digest: bytes) -> pb.IngestBatchResponse:
@@ -447,10 +555,17 @@ class AggregatorHandlers:
             if request.simultaneous
             else confidence
         )
-        estimates = randomiser.estimate(snapshot.counts, devices, level)
+        try:
+            estimates = randomiser.estimate(snapshot.counts, devices, level)
+        except ValueError as exc:  # counts the estimator cannot read (e.g. a replayed share)
+            raise FailedPrecondition(
+                f"campaign {campaign.id}: the counts cannot be estimated: {exc}"
+            ) from None
         processed = postprocess.apply(np.array([e.estimate for e in estimates]), devices, options)
         # The tightest accountant analyses take up to about a second (cached after): off the loop.
-        privacy = await asyncio.to_thread(privacy_statement, campaign, devices, snapshot.smallest_batch)
+        privacy = await asyncio.to_thread(
+            privacy_statement, campaign, devices, snapshot.smallest_batch, snapshot.batches
+        )
         return pb.QueryResponse(
             campaign_id=campaign.id,
             mechanism=campaign.mechanism,
@@ -481,6 +596,14 @@ class AggregatorHandlers:
     async def list_keys(self) -> pb.ListKeysResponse:
         """Public metadata of every aggregator key."""
         return pb.ListKeysResponse(keys=self.keyring.infos())
+
+
+def _incomplete(randomiser: LocalRandomiser, valid: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """Why the batch's valid messages are not whole devices (None: they are)."""
+    counts = (
+        randomiser.tally([payload for _, payload in valid]).counts if valid else [0] * randomiser.count_cells
+    )
+    return randomiser.incomplete_batch([int(c) for c in counts])
 
 
 def _counter(randomiser: LocalRandomiser) -> CountCells:

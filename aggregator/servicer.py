@@ -104,3 +104,15 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
     ) -> pb.ListKeysResponse:
         """Public metadata of the aggregator's keys."""
         return await self._call("ListKeys", context, self._handlers.list_keys())
+
+    async def CloseCampaign(  # noqa: N802 (gRPC method name)
+        self, request: pb.CloseCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
+    ) -> pb.Campaign:
+        """Operator: close a campaign's collection window now."""
+        return await self._call("CloseCampaign", context, self._handlers.close_campaign(request))
+
+    async def ReleaseBelowNMin(  # noqa: N802 (gRPC method name)
+        self, request: pb.ReleaseBelowNMinRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
+    ) -> pb.Campaign:
+        """Operator: authorise batches below n_min for a while (recorded and stated)."""
+        return await self._call("ReleaseBelowNMin", context, self._handlers.release_below_n_min(request))

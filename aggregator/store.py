@@ -84,6 +84,10 @@ class AggregatorStore(Protocol):
         """Store a new campaign; CampaignExists if its id is taken."""
         ...
 
+    async def update_campaign(self, campaign: pb.Campaign) -> None:
+        """Replace a stored campaign's description (same id); UnknownCampaign if there is none."""
+        ...
+
     async def get_campaign(self, campaign_id: str) -> pb.Campaign | None:
         """The campaign, or None."""
         ...
@@ -232,6 +236,16 @@ class SqliteAggregatorStore:
                 db.execute("INSERT INTO campaigns (id, body) VALUES (?, ?)", (campaign.id, body))
             except sqlite3.IntegrityError as exc:
                 raise CampaignExists(campaign.id) from exc
+
+        await self._run(lambda: self._transaction(work, write=True))
+
+    async def update_campaign(self, campaign: pb.Campaign) -> None:
+        """Replace a stored campaign's description (same id); UnknownCampaign if there is none."""
+        body = campaign.SerializeToString(deterministic=True)
+
+        def work(db: sqlite3.Connection) -> None:
+            if db.execute("UPDATE campaigns SET body = ? WHERE id = ?", (body, campaign.id)).rowcount != 1:
+                raise UnknownCampaign(campaign.id)
 
         await self._run(lambda: self._transaction(work, write=True))
 

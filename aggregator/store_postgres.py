@@ -219,6 +219,15 @@ class PostgresAggregatorStore:
         except asyncpg.UniqueViolationError as exc:
             raise CampaignExists(campaign.id) from exc
 
+    async def update_campaign(self, campaign: pb.Campaign) -> None:
+        """Replace a stored campaign's description (same id); UnknownCampaign if there is none."""
+        body = campaign.SerializeToString(deterministic=True)
+        status = await self._open_pool().execute(
+            "UPDATE campaigns SET body = $1 WHERE id = $2", body, campaign.id
+        )
+        if status != "UPDATE 1":
+            raise UnknownCampaign(campaign.id)
+
     async def get_campaign(self, campaign_id: str) -> pb.Campaign | None:
         """The campaign, or None."""
         body = await self._open_pool().fetchval("SELECT body FROM campaigns WHERE id = $1", campaign_id)

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
-import json
 import os
 import pkgutil
 import ssl
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
+from deniable.cli import render
 from deniable.core import mqtt
 from deniable.core.errors import ConfigurationError
 from deniable.core.mqtt import BrokerAddress
@@ -212,7 +212,7 @@ async def _call(address: str, call: Callable[[Any], Awaitable[T]], service: str 
 
 
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2))
+    print(render.dumps(data))
 
 
 def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:

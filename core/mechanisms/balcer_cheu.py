@@ -115,6 +115,11 @@ class BalcerCheuHistogram(LocalRandomiser):
         return self.domain_size
 
     @property
+    def max_messages_per_device(self) -> int:
+        """Own bucket, at most one noise message per bucket, and the presence message."""
+        return self.domain_size + 2
+
+    @property
     def expected_messages(self) -> float:
         """1 (own bucket) + d p (noise) + 1 (presence) messages per device on average."""
         return 2 + self.domain_size * float(self.send)

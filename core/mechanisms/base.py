@@ -117,6 +117,20 @@ class LocalRandomiser(ABC):
         """
         return None if self.multi_message else 1
 
+    def incomplete_batch(self, counts: Sequence[int]) -> str | None:
+        """Why a batch with these count cells cannot hold whole devices (None: it can).
+
+        Multi-message protocols whose estimate needs every message of a device override this; the
+        aggregator refuses such a batch, so the counts never hold part of a device (ADR 0014).
+        """
+        return None
+
+    @property
+    def max_messages_per_device(self) -> int | None:
+        """The most messages one device can send (None: unbounded); a batch target in devices
+        times this many messages is sure to hold that many devices."""
+        return self.messages_per_device
+
     def devices(self, counts: Sequence[int], messages: int) -> int:
         """How many devices the counted messages came from (one message each, by default)."""
         return messages

@@ -93,6 +93,16 @@ async def test_duplicate_campaign_id_is_refused(store: AggregatorStore) -> None:
     assert stored is not None and stored.question == "q"
 
 
+async def test_update_campaign_replaces_the_description(store: AggregatorStore) -> None:
+    await store.create_campaign(campaign("c1"))
+    changed = campaign("c1")
+    changed.closed = True
+    await store.update_campaign(changed)
+    assert await store.get_campaign("c1") == changed
+    with pytest.raises(UnknownCampaign):
+        await store.update_campaign(campaign("missing"))
+
+
 async def test_fresh_campaign_snapshot_is_empty(store: AggregatorStore) -> None:
     await store.create_campaign(campaign())
     snap = await store.snapshot("c1", CELLS)
