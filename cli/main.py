@@ -14,6 +14,7 @@ import os
 import pkgutil
 import ssl
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 
 from deniable.cli import render
+from deniable.cli.windows import parse_window
 from deniable.core import mqtt
 from deniable.core.errors import ConfigurationError
 from deniable.core.mqtt import BrokerAddress
@@ -138,7 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     flush = shuffler.add_parser("flush", help="forward spooled reports now")
     flush.add_argument("--shuffler", default=DEFAULT_SHUFFLER)
     flush.add_argument("--campaign", default="", help="only this campaign (default: all)")
-    flush.add_argument("--below-n-min", action="store_true", help="also forward batches smaller than n_min")
+    flush.add_argument(
+        "--below-n-min",
+        action="store_true",
+        help="also forward batches smaller than n_min (first recorded at the aggregator, which states it;"
+        " needs --campaign)",
+    )
+    flush.add_argument("--aggregator", default=DEFAULT_AGGREGATOR, help="where --below-n-min is recorded")
 
     campaign = sub.add_parser("campaign", help="create and list campaigns").add_subparsers(
         dest="action", required=True
@@ -165,7 +173,22 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--budget", type=float, default=0.0, help="per-device epsilon budget (default epsilon0)"
     )
+    create.add_argument(
+        "--window",
+        default=None,
+        help="collection window: a duration from now (90m, 2h, 7d) or an ISO end time (default 7d)",
+    )
+    create.add_argument(
+        "--batch-target",
+        type=_positive_int,
+        default=0,
+        help="devices per released batch (default: --expected-n if planned, else n_min)",
+    )
     create.add_argument("--json", action="store_true")
+    close = campaign.add_parser("close", help="close a campaign's window now; the shuffler releases it")
+    close.add_argument("campaign")
+    close.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    close.add_argument("--shuffler", default=None, help="also tell this shuffler now (else it learns it)")
     listing = campaign.add_parser("list", help="list campaigns")
     listing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     listing.add_argument("--json", action="store_true")
@@ -225,6 +248,10 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "epsilon0": c.epsilon0,
         "delta": c.delta,
         "n_min": c.n_min,
+        "batch_target": c.batch_target,
+        "window_start_unix": c.window_start_unix,
+        "window_end_unix": c.window_end_unix,
+        "closed": c.closed,
         "key_id": c.key_id,
         "ciphertext_length": c.ciphertext_length,
         "device_budget_epsilon": c.device_budget_epsilon,
@@ -232,6 +259,20 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "expected_n": c.expected_n,
         "params": dict(c.params),
     }
+
+
+def _flush_line(flushed: pb.FlushResponse) -> str:
+    """What a flush did, and any campaign whose window closed with fewer than n_min held."""
+    line = (
+        f"forwarded {flushed.reports_forwarded} reports in {flushed.batches_forwarded} batches;"
+        f" {flushed.reports_held} held"
+    )
+    for held in flushed.window_held:
+        line += (
+            f"\nwindow of {held.campaign_id} closed with {held.pending} reports, fewer than n_min"
+            f" ({held.n_min}): held (release with --below-n-min --campaign {held.campaign_id})"
+        )
+    return line
 
 
 def _add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -319,14 +360,30 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.command == "shuffler" and args.action == "flush":
+        if args.below_n_min:
+            if not args.campaign:
+                raise ValueError("--below-n-min needs --campaign (it is authorised per campaign)")
+            release = pb.ReleaseBelowNMinRequest(campaign_id=args.campaign)
+            asyncio.run(_call(args.aggregator, lambda s: s.ReleaseBelowNMin(release, timeout=30)))
+            print(f"recorded at the aggregator: batches of {args.campaign} below n_min authorised")
         request = pb.FlushRequest(campaign_id=args.campaign, below_n_min=args.below_n_min)
         flushed: pb.FlushResponse = asyncio.run(
             _call(args.shuffler, lambda s: s.Flush(request, timeout=300), "shuffler")
         )
-        print(
-            f"forwarded {flushed.reports_forwarded} reports in {flushed.batches_forwarded} batches;"
-            f" {flushed.reports_held} held"
+        print(_flush_line(flushed))
+        return 0
+    if args.command == "campaign" and args.action == "close":
+        closing = pb.CloseCampaignRequest(campaign_id=args.campaign)
+        closed: pb.Campaign = asyncio.run(
+            _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30))
         )
+        print(f"closed {closed.id}: window ended at {closed.window_end_unix} (Unix time)")
+        if args.shuffler:
+            flush_one = pb.FlushRequest(campaign_id=args.campaign)
+            done: pb.FlushResponse = asyncio.run(
+                _call(args.shuffler, lambda s: s.Flush(flush_one, timeout=300), "shuffler")
+            )
+            print(_flush_line(done))
         return 0
     if args.command == "campaign" and args.action == "create":
         kind = pb.BINARY if args.kind == "binary" else pb.CATEGORICAL
@@ -334,6 +391,7 @@ def _run(args: argparse.Namespace) -> int:
         mechanism = pb.Mechanism.Value(args.mechanism.upper()) if args.mechanism else pb.MECHANISM_UNSPECIFIED
         if (args.target_epsilon is None) != (args.expected_n == 0):
             raise ValueError("--target-epsilon and --expected-n go together (or give --epsilon0 alone)")
+        window_s, window_end = (0, 0) if args.window is None else parse_window(args.window, time.time())
         create = pb.CreateCampaignRequest(
             id=args.id,
             question=args.question,
@@ -346,6 +404,9 @@ def _run(args: argparse.Namespace) -> int:
             delta=args.delta,
             n_min=args.n_min,
             device_budget_epsilon=args.budget,
+            window_s=window_s,
+            window_end_unix=window_end,
+            batch_target=args.batch_target,
         )
         created: pb.Campaign = asyncio.run(
             _call(args.aggregator, lambda s: s.CreateCampaign(create, timeout=300 if args.expected_n else 30))
@@ -355,7 +416,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(
                 f"created {created.id}: {len(created.labels)} buckets, ε0 = {created.epsilon0:g},"
-                f" n_min = {created.n_min}, key {created.key_id}"
+                f" n_min = {created.n_min}, batch target {created.batch_target} messages,"
+                f" window ends {created.window_end_unix} (Unix time), key {created.key_id}"
             )
             if created.target_epsilon:
                 print(

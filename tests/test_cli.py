@@ -131,6 +131,30 @@ def test_operator_commands_against_served_processes(services: tuple[str, str]) -
     assert [c["id"] for c in json.loads(listed.stdout)] == ["lang"]
     flushed = _run("shuffler", "flush", "--shuffler", shuffler)
     assert flushed.returncode == 0, flushed.stderr
+    windowed = _run(
+        "campaign", "create", "--aggregator", aggregator, "--id", "win", "--question", "Q?",
+        "--kind", "binary", "--epsilon0", "1", "--n-min", "5", "--batch-target", "20",
+        "--window", "2h", "--json",
+    )  # fmt: skip
+    assert windowed.returncode == 0, windowed.stderr
+    made = json.loads(windowed.stdout)
+    assert made["batch_target"] == 20 and made["window_end_unix"] > 0 and not made["closed"]
+    closed = _run("campaign", "close", "win", "--aggregator", aggregator, "--shuffler", shuffler)
+    assert closed.returncode == 0, closed.stderr
+    assert "closed win" in closed.stdout
+    listed = _run("campaign", "list", "--aggregator", aggregator, "--json")
+    assert {c["id"]: c["closed"] for c in json.loads(listed.stdout)} == {"lang": False, "win": True}
+    below = _run(
+        "shuffler", "flush", "--shuffler", shuffler, "--aggregator", aggregator, "--campaign", "win",
+        "--below-n-min",
+    )  # fmt: skip
+    assert below.returncode == 0, below.stderr
+    assert "recorded at the aggregator" in below.stdout
+    answer_win = _run("query", "binary-sum", "win", "--aggregator", aggregator, "--json")
+    assert json.loads(answer_win.stdout)["below_n_min_authorised"] is True
+    bad = _run("campaign", "create", "--aggregator", aggregator, "--id", "x", "--question", "Q?",
+               "--kind", "binary", "--epsilon0", "1", "--window", "soon")  # fmt: skip
+    assert bad.returncode == 2 and "--window" in bad.stderr
     answer = _run("query", "histogram", "lang", "--aggregator", aggregator, "--json")
     assert answer.returncode == 0, answer.stderr
     data = json.loads(answer.stdout)
