@@ -196,6 +196,14 @@ class SinkAggregator(pb_grpc.AggregatorServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
         raise AssertionError("abort returned")
 
+    async def CloseCampaign(self, request: pb.CloseCampaignRequest, context: Any) -> pb.Campaign:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
+    async def ReleaseBelowNMin(self, request: pb.ReleaseBelowNMinRequest, context: Any) -> pb.Campaign:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
     async def Histogram(self, request: pb.QueryRequest, context: Any) -> pb.QueryResponse:  # noqa: N802
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
         raise AssertionError("abort returned")
