@@ -188,14 +188,15 @@ class Batcher:
             return None
         if pending >= target:
             return await self._sizes(campaign, pending, target, "target")
+        # Below the target: batches as large as what is held (and the byte limit) allows.
         if closed:
-            return await self._sizes(campaign, pending, n_min, "window")
+            return await self._sizes(campaign, pending, pending, "window")
         if flush:
             log.warning(
                 "operator released a batch below the campaign's batch target",
                 extra={"campaign": campaign_id, "pending": pending, "target": target},
             )
-            return await self._sizes(campaign, pending, n_min, "operator")
+            return await self._sizes(campaign, pending, pending, "operator")
         return None
 
     def _tell_held(self, campaign_id: str, pending: int, n_min: int) -> None:
@@ -209,17 +210,18 @@ class Batcher:
             extra={"campaign": campaign_id, "pending": pending, "n_min": n_min},
         )
 
-    def _max_batch(self, campaign: pb.Campaign, floor: int) -> int:
-        """Reports per batch: the configured cap raised to ``floor`` where the byte limit allows."""
-        max_batch = max(self._max_batch_reports, floor)
+    def _limits(self, campaign: pb.Campaign, floor: int) -> tuple[int, int]:
+        """(reports per batch, smallest batch): the configured cap raised to ``floor`` where the
+        byte limit allows; the floor lowered to the byte limit, but never below n_min."""
+        byte_cap = 2**63
         if campaign.ciphertext_length:
-            per_report = campaign.ciphertext_length + _PER_REPORT_OVERHEAD
-            max_batch = min(max_batch, self._max_batch_bytes // per_report)
-        return max(1, max_batch)
+            byte_cap = self._max_batch_bytes // (campaign.ciphertext_length + _PER_REPORT_OVERHEAD)
+        floor = max(min(floor, byte_cap), campaign.n_min, 1)
+        return max(1, min(max(self._max_batch_reports, floor), byte_cap)), floor
 
     async def _sizes(self, campaign: pb.Campaign, pending: int, floor: int, cause: str) -> _Plan:
         """Chunks of at least ``floor`` (when ``pending`` allows); whole requests where required."""
-        max_batch = self._max_batch(campaign, floor)
+        max_batch, floor = self._limits(campaign, floor)
         if campaign.keep_requests_whole:
             if isinstance(self._store, SegmentSpool):
                 segments = await asyncio.to_thread(self._store.pending_segment_counts, campaign.id)

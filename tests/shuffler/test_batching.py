@@ -8,7 +8,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 from deniable.core.batches import batch_digest
-from deniable.shuffler.batcher import chunk_sizes
+from deniable.shuffler.batcher import chunk_sizes, whole_chunks
 from deniable.v1 import deniable_pb2 as pb
 
 
@@ -34,6 +34,19 @@ def test_chunk_sizes() -> None:
                     assert len(sizes) == -(-pending // max_batch), context
             else:
                 assert max(sizes) <= max_batch, context
+
+
+def test_whole_chunks_cut_between_segments_only() -> None:
+    import itertools
+
+    for segments in ([9] * 30, [1, 5, 2, 9, 3, 3, 7], [50], [4, 4, 4, 40, 1], [2] * 7):
+        for max_batch, floor in itertools.product((5, 10, 40, 100), (1, 6, 18)):
+            sizes = whole_chunks(segments, max_batch, floor)
+            assert sum(sizes) == sum(segments)
+            boundaries = set(itertools.accumulate(segments))
+            assert set(itertools.accumulate(sizes)) <= boundaries, (segments, sizes)
+            if sum(segments) >= floor:
+                assert min(sizes) >= floor, (segments, max_batch, floor, sizes)
 
 
 def test_chunk_sizes_of_nothing() -> None:
@@ -113,8 +126,8 @@ async def test_window_close_below_n_min_holds_and_tells_the_operator(
 
 async def test_a_requests_messages_always_land_in_one_batch(upstream, start, kit: SimpleNamespace) -> None:
     """Multi-message campaigns: batches are cut between requests only (and at least n_min each)."""
-    campaign = upstream.fake.add(kit.make_campaign("mm", n_min=18, keep_requests_whole=True))
-    shuffler = await start(max_batch_reports=40)
+    campaign = upstream.fake.add(kit.make_campaign("mm", n_min=18, batch_target=30, keep_requests_whole=True))
+    shuffler = await start(max_batch_reports=40, batch_interval_s=3600.0)  # released by the flush below
     for device in range(30):  # a device's 9 messages in one request; the first byte names the device
         reports = kit.make_reports(campaign, 9, start=device * 9)
         for index, report in enumerate(reports):
@@ -127,7 +140,7 @@ async def test_a_requests_messages_always_land_in_one_batch(upstream, start, kit
     for batch in batches:
         devices = Counter(r.ciphertext[0] for r in batch.reports)
         assert set(devices.values()) == {9}, devices  # every device whole
-        assert len(batch.reports) >= 18
+        assert len(batch.reports) >= 30  # the target, though not a multiple of 9
         order = [r.ciphertext[0] for r in batch.reports]
         assert order != sorted(order)  # permuted inside the batch (P(sorted) is negligible)
 
@@ -163,21 +176,22 @@ async def test_flush_of_one_campaign_leaves_the_others(upstream, start, kit: Sim
 async def test_batches_have_correct_digests_and_carry_every_report_exactly_once(
     upstream, start, kit: SimpleNamespace
 ) -> None:
-    a = upstream.fake.add(kit.make_campaign("a", n_min=5))
+    a = upstream.fake.add(kit.make_campaign("a", n_min=5, batch_target=20))
     b = upstream.fake.add(kit.make_campaign("b", n_min=5))
     shuffler = await start(max_batch_reports=20)
-    # 105 ≥ max_batch: the background loop may batch "a" at once; "b" waits for the flush.
+    # 105 ≥ the target: the background loop may batch "a" at once; "b" waits for the flush.
     sent = [r.ciphertext for r in await submit(shuffler, kit, a, 105)]
     sent += [r.ciphertext for r in await submit(shuffler, kit, b, 7)]
     response = await shuffler.flush()
     assert response.reports_held == 0
     batches = upstream.fake.acked
-    assert len(batches) == 7
+    assert len(batches) == 6
     for batch in batches:
         assert batch.digest == batch_digest(r.ciphertext for r in batch.reports)
         assert {r.campaign_id for r in batch.reports} == {batch.campaign_id}
-        assert 5 <= len(batch.reports) <= 20
-    assert sorted(len(x.reports) for x in batches if x.campaign_id == "a") == [17, 17, 17, 18, 18, 18]
+    # Past the target a release is split by max_batch_reports, but never below the target (20).
+    assert sorted(len(x.reports) for x in batches if x.campaign_id == "a") == [21] * 5
+    assert [len(x.reports) for x in batches if x.campaign_id == "b"] == [7]  # the operator's flush
     assert Counter(upstream.fake.forwarded_ciphertexts()) == Counter(sent)
     assert len(upstream.fake.calls) == len(batches)  # nothing sent twice
 
