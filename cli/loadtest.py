@@ -261,6 +261,7 @@ def _campaign_request(config: LoadConfig) -> pb.CreateCampaignRequest:
         epsilon0=config.epsilon0,
         delta=1e-6,
         n_min=min(1000, config.devices),
+        batch_target=min(50_000, config.devices),  # released in batches of 50,000 (the rest at the end)
     )
 
 
