@@ -110,9 +110,6 @@ class Batcher:
         self._held_logged: set[str] = set()
         self._lock = asyncio.Lock()
 
-    def note_arrival(self, campaign_id: str) -> None:
-        """Reports of the campaign were spooled (kept for callers; release never depends on timing)."""
-
     async def run_once(
         self, *, campaign_id: str = "", flush: bool = False, below_n_min: bool = False
     ) -> BatchingResult:

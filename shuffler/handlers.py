@@ -156,8 +156,6 @@ class ShufflerHandlers:
                 response.rejected.add(index=index, reason=verdict[0], detail=verdict[1])
         columns = ColumnReports([(c, keys, texts) for c, (keys, texts) in accepted.items()])
         await asyncio.to_thread(self.store.append, columns)
-        for campaign_id in accepted:
-            self._batcher.note_arrival(campaign_id)
         response.accepted = len(columns)
         self._metrics.reports_accepted.inc(len(columns))
         for reason, rejected in Counter(r.reason for r in response.rejected).items():
@@ -188,7 +186,6 @@ class ShufflerHandlers:
         ):
             return None
         await asyncio.to_thread(self.store.append, ColumnReports.of(campaign_id, columns))
-        self._batcher.note_arrival(campaign_id)
         self._metrics.reports_accepted.inc(columns.count)
         return pb.SubmitReportsResponse(accepted=columns.count)
 
