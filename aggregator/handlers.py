@@ -37,7 +37,7 @@ from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
 from deniable.core.crypto import SUITE_NAME
 from deniable.core.mechanisms import LocalRandomiser
-from deniable.core.mechanisms.base import IntArray
+from deniable.core.mechanisms.base import Estimate, IntArray
 from deniable.v1 import deniable_pb2 as pb
 
 MAX_EPSILON0: Final = 20.0
@@ -158,7 +158,7 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         raise InvalidRequest(f"{mechanism_name} cannot serve this {kind} campaign: {exc}") from None
     # The request's n_min counts devices; the shuffler counts messages (reports). Where every device
     # sends the same number of messages, convert, so a released round holds n_min devices.
-    per_device = randomiser.messages_per_device or 1
+    per_device = _messages_per_device(randomiser)
     target = _batch_target(request.batch_target, n_min, randomiser.max_messages_per_device, per_device)
     n_min = min(n_min * per_device, 2**32 - 1)
     return pb.Campaign(
@@ -177,6 +177,12 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         device_budget_epsilon=budget,
         params={**params, **randomiser.parameters()},
     )
+
+
+def _messages_per_device(randomiser: LocalRandomiser) -> int:
+    """Messages the shuffler counts per device of n_min: the fixed number, else the most one device
+    sends (so n_min messages always hold n_min devices), else 1."""
+    return randomiser.messages_per_device or randomiser.max_messages_per_device or 1
 
 
 def _batch_target(devices: int, n_min: int, most_per_device: int | None, per_device: int) -> int:
@@ -475,10 +481,7 @@ class AggregatorHandlers:
         opened = await self._open(campaign, envelopes)
         valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
         if randomiser.multi_message:
-            problem = await asyncio.to_thread(_incomplete, randomiser, valid)
-            if problem is not None:
-                self.metrics.batch("incomplete")
-                raise FailedPrecondition(f"batch {batch.batch_id[:80]!r} is refused: {problem}")
+            await self._check_devices(campaign, randomiser, batch.batch_id, valid)
         try:
             outcome = await self.store.ingest(
                 batch_id=batch.batch_id,
@@ -523,6 +526,29 @@ class AggregatorHandlers:
             " authorised a release below n_min (ReleaseBelowNMin)"
         )
 
+    async def _check_devices(
+        self,
+        campaign: pb.Campaign,
+        randomiser: LocalRandomiser,
+        batch_id: str,
+        valid: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """Multi-message: refuse a batch that splits a device, or holds fewer than n_min devices
+        (unless the operator authorised batches below n_min)."""
+        counts = await asyncio.to_thread(_batch_counts, randomiser, valid)
+        problem = randomiser.incomplete_batch(counts)
+        if problem is not None:
+            self.metrics.batch("incomplete")
+            raise FailedPrecondition(f"batch {batch_id[:80]!r} is refused: {problem}")
+        devices = randomiser.devices(counts, len(valid))
+        least = campaign.n_min // _messages_per_device(randomiser)
+        if 0 < devices < least and self._clock() >= campaign.below_n_min_until_unix:
+            self.metrics.batch("below_n_min")
+            raise FailedPrecondition(
+                f"batch {batch_id[:80]!r} holds {devices} devices, below the campaign's n_min ({least})"
+                " and no operator authorised a release below n_min (ReleaseBelowNMin)"
+            )
+
     def _duplicate(self, batch: pb.ShuffledBatch, campaign_id: str, digest: bytes) -> pb.IngestBatchResponse:
         """Acknowledge a batch seen before (same content); a reused id with new content is refused."""
         if campaign_id != batch.campaign_id or digest != batch.digest:
@@ -556,7 +582,11 @@ class AggregatorHandlers:
             else confidence
         )
         try:
-            estimates = randomiser.estimate(snapshot.counts, devices, level)
+            estimates = (
+                randomiser.estimate(snapshot.counts, devices, level)
+                if devices
+                else [Estimate(0, 0.0, 0.0, 0.0, 0.0) for _ in campaign.labels]  # nothing counted yet
+            )
         except ValueError as exc:  # counts the estimator cannot read (e.g. a replayed share)
             raise FailedPrecondition(
                 f"campaign {campaign.id}: the counts cannot be estimated: {exc}"
@@ -598,12 +628,11 @@ class AggregatorHandlers:
         return pb.ListKeysResponse(keys=self.keyring.infos())
 
 
-def _incomplete(randomiser: LocalRandomiser, valid: Sequence[tuple[bytes, bytes]]) -> str | None:
-    """Why the batch's valid messages are not whole devices (None: they are)."""
-    counts = (
-        randomiser.tally([payload for _, payload in valid]).counts if valid else [0] * randomiser.count_cells
-    )
-    return randomiser.incomplete_batch([int(c) for c in counts])
+def _batch_counts(randomiser: LocalRandomiser, valid: Sequence[tuple[bytes, bytes]]) -> list[int]:
+    """The count cells of one batch's valid messages."""
+    if not valid:
+        return [0] * randomiser.count_cells
+    return [int(c) for c in randomiser.tally([payload for _, payload in valid]).counts]
 
 
 def _counter(randomiser: LocalRandomiser) -> CountCells:

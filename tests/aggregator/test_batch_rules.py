@@ -133,7 +133,7 @@ async def test_batch_target_counts_devices_in_the_shufflers_messages(
             params={"expected_n": 20_000.0},
         )
     )
-    assert bc.batch_target == 2000 * (8 + 2) and bc.n_min == 500 and bc.keep_requests_whole
+    assert bc.batch_target == 2000 * (8 + 2) and bc.n_min == 500 * (8 + 2) and bc.keep_requests_whole
     rr = await handlers.create_campaign(kit.binary_request("rr", n_min=50))
     assert rr.batch_target == 50 and not rr.keep_requests_whole
     planned = await handlers.create_campaign(
@@ -186,3 +186,36 @@ async def test_a_batch_splitting_a_devices_shares_is_refused_and_queries_stay_an
     await handlers.ingest_batch(kit.batch_of(campaign.id, sealed(whole), "whole"))
     answer = await handlers.query(pb.QueryRequest(campaign_id="sum"), binary=True)
     assert answer.n == 2 and answer.privacy.smallest_batch == 2
+
+
+async def test_a_multi_message_batch_with_too_few_devices_is_refused(
+    handlers: AggregatorHandlers, kit
+) -> None:
+    """Enough messages but too few devices (the rest junk that does not decrypt): refused whole.
+
+    The message count alone (n_min x the most messages per device) would let this batch through;
+    the device count the aggregator reads from the presence messages does not.
+    """
+    from deniable.core.rng import default_rng
+
+    campaign = await handlers.create_campaign(
+        kit.categorical_request(
+            "bc", mechanism=pb.BALCER_CHEU_HISTOGRAM, epsilon0=2.0, n_min=2, params={"expected_n": 20_000.0}
+        )
+    )
+    randomiser = randomiser_for(campaign)
+    device = [
+        kit.seal(campaign, payload=m).report for m in randomiser.split_messages(randomiser.randomise(1))
+    ]
+    junk = [
+        pb.EncryptedReport(
+            campaign_id=campaign.id,
+            key_id=campaign.key_id,
+            ciphertext=default_rng().bytes(campaign.ciphertext_length),
+        )
+        for _ in range(campaign.n_min)
+    ]
+    with pytest.raises(FailedPrecondition, match="holds 1 devices"):
+        await handlers.ingest_batch(kit.batch_of(campaign.id, device + junk, "few"))
+    answer = await handlers.query(pb.QueryRequest(campaign_id="bc"), binary=False)
+    assert answer.n == 0 and answer.rejected == 0  # nothing counted, not even the rejections
