@@ -192,7 +192,7 @@ class Reporter:
         if self.ledger is not None:
             self.ledger.charge(self.campaign.id, self.campaign.epsilon0, self.campaign.device_budget_epsilon)
         sealed = self._seal(value)
-        self.outbox.add_many([report for _, report in sealed])
+        self.outbox.add_answers([[report for _, report in sealed]])
         return sealed[0][0]
 
     def record_many(self, values: Sequence[int], progress: bool = False) -> int:
@@ -213,12 +213,11 @@ class Reporter:
                 self.campaign.device_budget_epsilon,
             )
         payloads = self.randomiser.randomise_many(values)
-        reports = [
-            report
+        answers = [
+            [report for _, report in self._seal_payload(payload)]
             for payload in tqdm(payloads, desc="seal", unit="device", disable=not progress)
-            for _, report in self._seal_payload(payload)
         ]
-        return self.outbox.add_many(reports)
+        return self.outbox.add_answers(answers)
 
     async def send_pending(
         self,
