@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Final
 
@@ -23,6 +24,7 @@ from deniable.aggregator import postprocess
 from deniable.aggregator.decrypt import OK, Envelope, Opened, open_packed, open_reports, unpack_opened
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
+from deniable.aggregator.pool import DecryptPool, PoolUnavailable
 from deniable.aggregator.store import (
     AggregatorStore,
     BatchConflict,
@@ -36,11 +38,18 @@ from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
 from deniable.core.crypto import SUITE_NAME
-from deniable.core.mechanisms import LocalRandomiser
+from deniable.core.mechanisms import LocalRandomiser, manipulation
 from deniable.core.mechanisms.base import Estimate, IntArray
+from deniable.core.process import ChildDied, run_in_child
 from deniable.v1 import deniable_pb2 as pb
 
 MAX_EPSILON0: Final = 20.0
+MIN_EPSILON0: Final = 1e-3
+"""Smaller local (or target) epsilons give estimates no one can use and break later arithmetic."""
+MAX_EXPECTED_N: Final = planner.MAX_N
+"""Planning cost grows with n; no shuffle this system runs holds more reports."""
+MAX_PLAN_S: Final = 120.0
+"""Planning runs in a process of its own, killed at this limit or at the caller's deadline."""
 MAX_LABELS: Final = 4096
 MAX_LABEL_CHARS: Final = 256
 MAX_QUESTION_CHARS: Final = 4096
@@ -54,6 +63,7 @@ DEFAULT_RELEASE_S: Final = 600
 MAX_RELEASE_S: Final = 24 * 3600
 MAX_BATCH_TARGET: Final = 1 << 40
 MIN_CHUNK: Final = 512
+POOL_ATTEMPTS: Final = 3
 BATCH_DIGEST_DOMAIN: Final = b"deniable/v1/batch"  # core.batches.batch_digest's prefix
 PAYLOAD_OUT_OF_DOMAIN: Final = int(pb.PAYLOAD_OUT_OF_DOMAIN)
 
@@ -76,6 +86,10 @@ class AlreadyExists(HandlerError):
 
 class FailedPrecondition(HandlerError):
     """The request does not fit the campaign's state or kind (FAILED_PRECONDITION)."""
+
+
+class Unavailable(HandlerError):
+    """The aggregator cannot do this work now (decrypt workers down); retry later (UNAVAILABLE)."""
 
 
 def _finite(value: float) -> bool:
@@ -127,8 +141,10 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
     params = {key: float(value) for key, value in request.params.items()}
 
     epsilon0 = request.epsilon0
-    if not (_finite(epsilon0) and 0 < epsilon0 <= MAX_EPSILON0):
-        raise InvalidRequest(f"epsilon0 must be a finite number in (0, {MAX_EPSILON0:g}], got {epsilon0!r}")
+    if not (_finite(epsilon0) and MIN_EPSILON0 <= epsilon0 <= MAX_EPSILON0):
+        raise InvalidRequest(
+            f"epsilon0 must be a finite number in [{MIN_EPSILON0:g}, {MAX_EPSILON0:g}], got {epsilon0!r}"
+        )
     delta = request.delta if request.delta != 0 else DEFAULT_DELTA
     if not (_finite(delta) and 0 < delta < 1):
         raise InvalidRequest(f"delta must lie in (0, 1), got {request.delta!r}")
@@ -213,12 +229,15 @@ def plan_campaign(request: pb.CreateCampaignRequest) -> pb.Campaign:
         raise InvalidRequest("give either epsilon0 or target_epsilon with expected_n, not both")
     if target == 0:
         raise InvalidRequest("expected_n is for planning: it needs target_epsilon (or give epsilon0)")
-    if not (_finite(target) and 0 < target <= MAX_EPSILON0):
+    if not (_finite(target) and MIN_EPSILON0 <= target <= MAX_EPSILON0):
         raise InvalidRequest(
-            f"target_epsilon must be a finite number in (0, {MAX_EPSILON0:g}], got {target!r}"
+            f"target_epsilon must be a finite number in [{MIN_EPSILON0:g}, {MAX_EPSILON0:g}], got {target!r}"
         )
-    if expected_n < 1:
-        raise InvalidRequest("target_epsilon needs expected_n (the reports per shuffled batch) >= 1")
+    if not 1 <= expected_n <= MAX_EXPECTED_N:
+        raise InvalidRequest(
+            f"expected_n (the reports per shuffled batch) must lie in [1, {MAX_EXPECTED_N:.0e}],"
+            f" got {expected_n}"
+        )
     delta = request.delta if request.delta != 0 else DEFAULT_DELTA
     if not (_finite(delta) and 0 < delta < 1):
         raise InvalidRequest(f"delta must lie in (0, 1), got {request.delta!r}")
@@ -254,6 +273,43 @@ def plan_campaign(request: pb.CreateCampaignRequest) -> pb.Campaign:
         campaign.expected_n = expected_n
         return campaign
     raise InvalidRequest(f"no planned mechanism is allowed for this campaign ({'; '.join(refused)})")
+
+
+async def _plan_bounded(request: pb.CreateCampaignRequest, deadline_s: float | None) -> pb.Campaign:
+    """``plan_campaign`` in a killable process, within MAX_PLAN_S and the caller's deadline."""
+    limit = MAX_PLAN_S if deadline_s is None else max(0.0, min(MAX_PLAN_S, deadline_s))
+    try:
+        return await run_in_child(plan_campaign, request, timeout=limit)
+    except TimeoutError:
+        raise InvalidRequest(
+            f"planning did not finish within {limit:g} s (limit {MAX_PLAN_S:g} s or the call's deadline):"
+            " give epsilon0, or a smaller expected_n or domain"
+        ) from None
+    except ChildDied:
+        raise Unavailable("the planning process died; try again") from None
+
+
+def manipulation_budget(randomiser: LocalRandomiser, counts: Sequence[int], n: int) -> pb.ManipulationBudget:
+    """How far m fake well-formed reports could move each estimate (m by the documented rule)."""
+    m = manipulation.default_fake_reports(n)
+    shift = manipulation.report_shift(randomiser, counts, n)
+    if shift is None:
+        return pb.ManipulationBudget(
+            fake_reports=m,
+            rule=manipulation.DEFAULT_RULE,
+            computed=False,
+            note="not derived for this mechanism or domain size (docs/queries.md)",
+        )
+    up, down = shift.for_reports(m)
+    return pb.ManipulationBudget(
+        fake_reports=m,
+        rule=manipulation.DEFAULT_RULE,
+        max_raise=up.tolist(),
+        max_lower=down.tolist(),
+        raise_per_report=shift.raise_per_report.tolist(),
+        lower_per_report=shift.lower_per_report.tolist(),
+        computed=True,
+    )
 
 
 def target_devices(campaign: pb.Campaign) -> int:
@@ -339,22 +395,30 @@ class AggregatorHandlers:
         store: AggregatorStore,
         keyring: Keyring,
         metrics: AggregatorMetrics | None = None,
-        executor: Executor | None = None,
+        executor: Executor | DecryptPool | None = None,
         decrypt_workers: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``executor`` runs decryption (None: the loop's default); ``decrypt_workers`` sets chunking."""
+        """``executor`` runs decryption (None: the loop's default; a ``DecryptPool`` is healed when
+        a worker dies); ``decrypt_workers`` sets chunking."""
         self.store = store
         self.keyring = keyring
         self.metrics = metrics or AggregatorMetrics()
-        self._executor = executor
+        self.pool = executor if isinstance(executor, DecryptPool) else None
+        self._executor = None if isinstance(executor, DecryptPool) else executor
         self._workers = decrypt_workers
         self._clock = clock
 
-    async def create_campaign(self, request: pb.CreateCampaignRequest) -> pb.Campaign:
-        """Validate (planning epsilon0 from a central target if asked), fill in key and sizes, store."""
+    async def create_campaign(
+        self, request: pb.CreateCampaignRequest, deadline_s: float | None = None
+    ) -> pb.Campaign:
+        """Validate (planning epsilon0 from a central target if asked), fill in key and sizes, store.
+
+        Planning runs in a child process killed after MAX_PLAN_S, at ``deadline_s`` (the caller's
+        time left) or when the RPC is cancelled, so no request holds a core past its caller.
+        """
         if wants_plan(request):
-            campaign = await asyncio.to_thread(plan_campaign, request)
+            campaign = await _plan_bounded(request, deadline_s)
         else:
             campaign = validate_campaign_request(request)
         try:
@@ -369,6 +433,7 @@ class AggregatorHandlers:
         campaign.plaintext_length = layout.plaintext_length
         campaign.ciphertext_length = layout.ciphertext_length
         campaign.created_unix = int(self._clock())
+        campaign.quota_per_source = request.quota_per_source
         if not campaign.window_end_unix:
             opens = max(campaign.window_start_unix, campaign.created_unix)
             campaign.window_end_unix = opens + (request.window_s or DEFAULT_WINDOW_S)
@@ -425,7 +490,27 @@ class AggregatorHandlers:
         return pb.ListCampaignsResponse(campaigns=await self.store.list_campaigns())
 
     async def _open(self, campaign: pb.Campaign, envelopes: Sequence[Envelope]) -> list[Opened]:
-        """Decrypt off the event loop, in chunks spread over the worker processes."""
+        """Decrypt off the event loop; a dead worker gets the pool rebuilt and the batch retried."""
+        pool = self.pool
+        if pool is None:
+            return await self._open_with(self._executor, campaign, envelopes)
+        for _ in range(POOL_ATTEMPTS):
+            if pool.broken is not None and await pool.check() is not None:
+                raise Unavailable(f"{pool.broken}; the batch was not counted, resend it later")
+            executor = pool.executor
+            try:
+                return await self._open_with(executor, campaign, envelopes)
+            except BrokenProcessPool:
+                try:
+                    await pool.heal(executor)
+                except PoolUnavailable as exc:
+                    raise Unavailable(f"{exc}; the batch was not counted, resend it later") from None
+        raise Unavailable(f"decrypt workers died {POOL_ATTEMPTS} times on this batch; it was not counted")
+
+    async def _open_with(
+        self, executor: Executor | None, campaign: pb.Campaign, envelopes: Sequence[Envelope]
+    ) -> list[Opened]:
+        """Decrypt on ``executor``, in chunks spread over its worker processes."""
         if not envelopes:
             return []
         work = partial(
@@ -436,12 +521,12 @@ class AggregatorHandlers:
             self.keyring.private_keys(),
         )
         loop = asyncio.get_running_loop()
-        if self._executor is None or self._workers <= 0:
-            return await loop.run_in_executor(self._executor, work, envelopes)
+        if executor is None or self._workers <= 0:
+            return await loop.run_in_executor(executor, work, envelopes)
         chunks = _chunks(envelopes, self._workers)
         packed = await asyncio.to_thread(lambda: [_pack(campaign, chunk) for chunk in chunks])
         if any(p is None for p in packed):  # another campaign or size inside: the general path
-            parts = await asyncio.gather(*(loop.run_in_executor(self._executor, work, c) for c in chunks))
+            parts = await asyncio.gather(*(loop.run_in_executor(executor, work, c) for c in chunks))
             return [opened for part in parts for opened in part]
         # Few large buffers per worker instead of a tuple per report (keys parsed once per worker).
         packed_work = partial(
@@ -452,7 +537,7 @@ class AggregatorHandlers:
             self.keyring.private_keys(),
         )
         results = await asyncio.gather(
-            *(loop.run_in_executor(self._executor, packed_work, *p) for p in packed if p is not None)
+            *(loop.run_in_executor(executor, packed_work, *p) for p in packed if p is not None)
         )
         return await asyncio.to_thread(lambda: [o for result in results for o in unpack_opened(result)])
 
@@ -596,6 +681,7 @@ class AggregatorHandlers:
         privacy = await asyncio.to_thread(
             privacy_statement, campaign, devices, snapshot.smallest_batch, snapshot.batches
         )
+        budget = await asyncio.to_thread(manipulation_budget, randomiser, snapshot.counts, devices)
         return pb.QueryResponse(
             campaign_id=campaign.id,
             mechanism=campaign.mechanism,
@@ -621,6 +707,7 @@ class AggregatorHandlers:
             rejected=sum(snapshot.rejected.values()),
             simultaneous=request.simultaneous,
             post_processing_applied=processed.applied,
+            manipulation=budget,
         )
 
     async def list_keys(self) -> pb.ListKeysResponse:

@@ -58,6 +58,18 @@ class AggregatorMetrics(ServiceMetrics):
             registry=self.registry,
         )
 
+        self.pool_rebuilds = Counter(
+            "deniable_aggregator_decrypt_pool_rebuilds",
+            "Decrypt worker pools replaced after a worker died (the batch in flight was retried).",
+            registry=self.registry,
+        )
+        self.malformed = Counter(
+            "deniable_aggregator_malformed_requests",
+            "Requests refused with INVALID_ARGUMENT because their bytes were not valid protobuf.",
+            ["rpc"],
+            registry=self.registry,
+        )
+
     def counted(self, count: int) -> None:
         """Record ``count`` reports added to the counts."""
         self.reports_counted.inc(count)

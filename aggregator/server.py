@@ -4,36 +4,52 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
-from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 import grpc
-from grpc_health.v1 import health
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
 
 from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
+from deniable.aggregator.pool import DecryptPool
 from deniable.aggregator.servicer import AggregatorServicer
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
+from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
+from deniable.core.health import HealthMonitor
 from deniable.core.service import (
     MAX_MESSAGE_BYTES,
+    DataDirLock,
+    Leftovers,
     add_health,
     bind,
     host_of,
     new_server,
     run_until_signalled,
 )
+from deniable.core.tls import ServerTls, check_transport
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 SERVICE_NAME: Final = "deniable.v1.Aggregator"
 DATABASE_FILE: Final = "aggregator.sqlite3"
 log = logging.getLogger("deniable.aggregator")
+_RELAY: Final = frozenset({"shuffler", "operator"})
+ACCESS_POLICY: Final = AccessPolicy(
+    service="aggregator",
+    allowed={
+        f"/{SERVICE_NAME}/IngestBatch": frozenset({"shuffler"}),
+        f"/{SERVICE_NAME}/GetCampaign": _RELAY,
+        f"/{SERVICE_NAME}/ListCampaigns": _RELAY,
+        **{method: ANYONE for method in HEALTH_METHODS},
+    },
+)
+"""Ingest from shufflers, campaign reads for shufflers and operators; any other RPC: operator."""
 
 
 @dataclass
@@ -47,6 +63,12 @@ class AggregatorConfig:
     metrics_port: int | None = None
     store: str | None = None
     """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
+    tls: ServerTls | None = None
+    """Serve mutual TLS: every caller needs a certificate from ``tls.ca`` naming its role."""
+    insecure: bool = False
+    """Plaintext and no credential checks at all (tests only); needed by name when ``tls`` is None."""
+    health_interval_s: float = 1.0
+    """How often health re-checks the store and the decrypt workers."""
 
 
 @dataclass
@@ -58,9 +80,11 @@ class RunningAggregator:
     handlers: AggregatorHandlers
     metrics: AggregatorMetrics
     server: grpc.aio.Server
-    health: health.HealthServicer
+    health: health_aio.HealthServicer
     store: AggregatorStore
-    executor: Executor | None
+    executor: DecryptPool | None
+    monitor: HealthMonitor
+    lock: DataDirLock
     metrics_port: int | None = None
     _stopped: bool = field(default=False, repr=False)
 
@@ -69,12 +93,14 @@ class RunningAggregator:
         if self._stopped:
             return
         self._stopped = True
-        self.health.enter_graceful_shutdown()
+        await self.monitor.stop()
+        await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.store.close()
         if self.executor is not None:
-            await asyncio.to_thread(self.executor.shutdown, wait=True, cancel_futures=True)
+            await asyncio.to_thread(self.executor.shutdown)
         await asyncio.to_thread(self.metrics.stop_http)
+        self.lock.release()
         log.info("aggregator stopped", extra={"address": self.address})
 
 
@@ -119,45 +145,110 @@ def default_decrypt_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _decrypt_pool(workers: int) -> Executor | None:
-    """A process pool (spawned, never forked from a process running gRPC) or None for threads."""
+def _decrypt_pool(workers: int, metrics: AggregatorMetrics) -> DecryptPool | None:
+    """A healing process pool (spawned, dying with us) or None for a thread."""
     if workers < 0:
         raise ConfigurationError(f"decrypt_workers must be >= 0, got {workers}")
-    if workers == 0:
+    return DecryptPool(workers, metrics.pool_rebuilds) if workers else None
+
+
+def _store_check(store: AggregatorStore) -> Callable[[], Awaitable[str | None]]:
+    async def check() -> str | None:
+        try:
+            await store.ping()
+        except Exception as exc:  # any failure to answer is "unreachable"
+            return f"the store does not answer: {type(exc).__name__}: {str(exc)[:200]}"
         return None
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+    return check
+
+
+async def _serve(
+    config: AggregatorConfig,
+    store: AggregatorStore,
+    handlers: AggregatorHandlers,
+    metrics: AggregatorMetrics,
+    credentials: grpc.ServerCredentials | None,
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer, HealthMonitor, int]:
+    """Build, bind and start the gRPC server (mutual TLS and per-method roles unless insecure)
+    with truthful health (NOT_SERVING until checked)."""
+    guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
+    server = new_server(
+        config.max_message_bytes,
+        interceptors=[guard],
+        on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc(),
+    )
+    pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
+    health_servicer = await add_health(
+        server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    checks = {"store": _store_check(store)}
+    if handlers.pool is not None:
+        checks["decrypt_workers"] = handlers.pool.check
+    monitor = HealthMonitor(
+        health_servicer,
+        [SERVICE_NAME],
+        checks,
+        metrics.registry,
+        "deniable_aggregator",
+        config.health_interval_s,
+    )
+    port = bind(server, config.listen, credentials)
+    await monitor.check_now()
+    await server.start()
+    monitor.start()
+    return server, health_servicer, monitor, port
 
 
 async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
-    """Start serving; ConfigurationError (one line) for a bad data dir, keys or address."""
-    _prepare_data_dir(config.data_dir)
-    keyring = Keyring.load_or_create(config.data_dir)
-    store = await open_store(config.store, config.data_dir)
-    executor: Executor | None = None
+    """Start serving; ConfigurationError (one line) for a bad data dir, keys, TLS files or address.
+
+    The data directory is locked (one service each); a failed start removes what it created.
+    """
+    check_transport(config.tls, config.insecure, "aggregator")
+    credentials = None if config.tls is None else config.tls.credentials(require_client_cert=True)
+    leftovers = Leftovers(config.data_dir)
+    lock: DataDirLock | None = None
+    store: AggregatorStore | None = None
+    executor: DecryptPool | None = None
+    server: grpc.aio.Server | None = None
     metrics = AggregatorMetrics()
     try:
-        executor = _decrypt_pool(config.decrypt_workers)
+        _prepare_data_dir(config.data_dir)
+        lock = DataDirLock(config.data_dir)
+        keyring = Keyring.load_or_create(config.data_dir)
+        store = await open_store(config.store, config.data_dir)
+        executor = _decrypt_pool(config.decrypt_workers, metrics)
+        if executor is not None:
+            await executor.warm_up()
         handlers = AggregatorHandlers(store, keyring, metrics, executor, config.decrypt_workers)
-        server = new_server(config.max_message_bytes)
-        pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
-        health_servicer = add_health(server, SERVICE_NAME)
-        port = bind(server, config.listen)
-        await server.start()
+        server, health_servicer, monitor, port = await _serve(config, store, handlers, metrics, credentials)
         metrics_port = None
         if config.metrics_port is not None:
             try:
                 metrics_port = metrics.serve_http(config.metrics_port, host_of(config.listen).strip("[]"))
             except OSError as exc:
-                await server.stop(0)
+                await monitor.stop()
                 message = f"cannot serve metrics on port {config.metrics_port}: {exc}"
                 raise ConfigurationError(message) from exc
     except BaseException:
-        await store.close()
+        if server is not None:
+            await server.stop(0)
+        if store is not None:
+            await store.close()
         if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+            executor.executor.shutdown(wait=False, cancel_futures=True)
+        if lock is not None:
+            lock.release()
+        leftovers.remove()
         raise
     address = f"{host_of(config.listen)}:{port}"
-    log.info("aggregator listening", extra={"address": address, "pid": os.getpid()})
+    if config.insecure:
+        warn_open("the aggregator")
+    log.info(
+        "aggregator listening",
+        extra={"address": address, "pid": os.getpid(), "tls": "mutual" if config.tls else "none"},
+    )
     return RunningAggregator(
         port=port,
         address=address,
@@ -167,6 +258,8 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         health=health_servicer,
         store=store,
         executor=executor,
+        monitor=monitor,
+        lock=lock,
         metrics_port=metrics_port,
     )
 

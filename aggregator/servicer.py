@@ -19,6 +19,7 @@ from deniable.aggregator.handlers import (
     HandlerError,
     InvalidRequest,
     NotFound,
+    Unavailable,
 )
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
@@ -31,6 +32,7 @@ _CODES: Final[dict[type[HandlerError], grpc.StatusCode]] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -65,7 +67,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self, request: pb.CreateCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
     ) -> pb.Campaign:
         """Create a campaign (the aggregator owns campaigns and their keys)."""
-        return await self._call("CreateCampaign", context, self._handlers.create_campaign(request))
+        work = self._handlers.create_campaign(request, deadline_s=context.time_remaining())
+        return await self._call("CreateCampaign", context, work)
 
     async def GetCampaign(  # noqa: N802 (gRPC method name)
         self, request: pb.GetCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]

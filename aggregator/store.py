@@ -126,6 +126,10 @@ class AggregatorStore(Protocol):
         """Counts (``cells`` long), n, smallest batch, rejections and batches of one campaign."""
         ...
 
+    async def ping(self) -> None:
+        """Return when the store answers a trivial query; raise (any error) while it cannot (health)."""
+        ...
+
     async def close(self) -> None:
         """Finish pending work and release the store."""
         ...
@@ -418,6 +422,10 @@ class SqliteAggregatorStore:
             )
 
         return await self._run(lambda: self._transaction(work, write=False))
+
+    async def ping(self) -> None:
+        """One trivial read on the store's thread."""
+        await self._run(lambda: self._db.execute("SELECT 1").fetchone())
 
     async def close(self) -> None:
         """Wait for running work, then close the connection (idempotent)."""

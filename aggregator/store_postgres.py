@@ -50,6 +50,7 @@ from deniable.v1 import deniable_pb2 as pb
 SCHEMA_VERSION: Final = 1
 """Version of the PostgreSQL schema below (independent of the SQLite one)."""
 DSN_SCHEMES: Final = ("postgresql", "postgres")
+PING_TIMEOUT_S: Final = 2.0
 DEFAULT_POOL_SIZE: Final = 8
 CONNECT_TIMEOUT_S: Final = 10.0
 SCHEMA_LOCK: Final = 0x64656E6961626C65  # pg_advisory_xact_lock key: b"deniable" as an integer
@@ -340,6 +341,10 @@ class PostgresAggregatorStore:
             rejected={int(r): int(k) for r, k in zip(row["reasons"], row["reason_counts"], strict=True)},
             batches=int(row["batches"]),
         )
+
+    async def ping(self) -> None:
+        """``SELECT 1`` on a pooled connection (raises while the server is down)."""
+        await self._open_pool().fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
 
     async def close(self) -> None:
         """Wait for running work, then close the pool (idempotent)."""

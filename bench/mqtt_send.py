@@ -58,7 +58,14 @@ def main() -> None:
                 for transport, address in (("grpc", None), ("mqtt", broker)):
                     workdir = Path(tmp) / f"{transport}-{repeat}"
                     campaigns = asyncio.run(
-                        run_pipeline(args.devices, 2.0, workdir, progress=False, mqtt_broker=address)
+                        run_pipeline(
+                            args.devices,
+                            2.0,
+                            workdir,
+                            progress=False,
+                            mqtt_broker=address,
+                            mqtt_insecure=address is not None and address.tls is None,  # the test broker
+                        )
                     )
                     send_s = [c.timings["send_s"] for c in campaigns]
                     counted = [c.answer.n if c.answer else 0 for c in campaigns]

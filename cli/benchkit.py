@@ -145,6 +145,9 @@ async def _serve(kind: str, settings: dict[str, Any], conn: Connection) -> None:
 
     configure_logging(str(settings.pop("log_level", "warning")))
     settings = dict(settings, data_dir=Path(settings["data_dir"]))
+    settings.setdefault("insecure", True)  # benchmarks measure the pipeline in plaintext, by name
+    if kind == "shuffler":
+        settings.setdefault("quota_per_source", 0)  # every simulated device shares 127.0.0.1
     running: Any
     try:
         if kind == "aggregator":

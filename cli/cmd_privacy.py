@@ -14,11 +14,38 @@ if TYPE_CHECKING:
     from deniable.core.mechanisms.base import LocalRandomiser
 
 
+MAX_N = 10**9  # deniable.core.accounting.planner.MAX_N (not imported: parsing stays light)
+MAX_DOMAIN = 4096  # deniable.core.accounting.planner.MAX_DOMAIN
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def _shuffle_n(text: str) -> int:
+    """A number of reports: a positive integer (1e6 notation accepted); ``_check_limits`` caps it."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}") from None
+    if not (math.isfinite(number) and number == int(number) and number >= 1):
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return int(number)
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    """ValueError (one line, exit 2) for an n or domain whose cost and memory would be unbounded."""
+    for flag in ("n", "expected_n"):
+        value = getattr(args, flag, None)
+        if value is not None and value > MAX_N:
+            raise ValueError(
+                f"--{flag.replace('_', '-')} {value:.3g} is above the supported maximum {MAX_N:.0e}"
+            )
+    if getattr(args, "domain", 2) > MAX_DOMAIN:
+        raise ValueError(f"--domain {args.domain} is above the supported maximum {MAX_DOMAIN}")
 
 
 def _positive_float(text: str) -> float:
@@ -55,7 +82,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     plan.add_argument("--target-epsilon", type=_positive_float, required=True, help="central ε to meet")
     plan.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
-    plan.add_argument("--n", type=_positive_int, required=True, help="reports shuffled together")
+    plan.add_argument("--n", type=_shuffle_n, required=True, help="reports shuffled together")
     plan.add_argument("--domain", type=_domain, required=True, help="number of categories k (2: binary)")
     plan.add_argument(
         "--mechanism", action="append", default=None, help="only this mechanism (repeatable; default all)"
@@ -66,7 +93,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     amplify = privacy.add_parser("amplify", help="central (ε, δ) of n shuffled reports, by every analysis")
     amplify.add_argument("--mechanism", required=True)
     amplify.add_argument("--epsilon0", type=_positive_float, required=True)
-    amplify.add_argument("--n", type=_positive_int, required=True)
+    amplify.add_argument("--n", type=_shuffle_n, required=True)
     amplify.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
     amplify.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
     amplify.add_argument("--json", action="store_true")
@@ -78,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     profile.add_argument(
         "--epsilon0", type=_positive_float, required=True, help="local ε0 (shuffle-only: the central target)"
     )
-    profile.add_argument("--n", type=_positive_int, required=True, help="devices shuffled together")
+    profile.add_argument("--n", type=_shuffle_n, required=True, help="devices shuffled together")
     profile.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
     profile.add_argument(
         "--delta",
@@ -88,7 +115,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     profile.add_argument(
         "--expected-n",
-        type=_positive_int,
+        type=_shuffle_n,
         default=None,
         help="shuffle-only protocols: planned n (default --n)",
     )
@@ -166,6 +193,7 @@ def plan_text(plan: Plan) -> str:
 
 def plan_command(args: argparse.Namespace) -> int:
     """``privacy plan``: print or emit the plan."""
+    _check_limits(args)
     from deniable.core.accounting.planner import plan
 
     chosen = plan(args.target_epsilon, args.delta, args.n, args.domain, mechanisms=args.mechanism)
@@ -244,6 +272,7 @@ def amplification(mechanism: str, epsilon0: float, n: int, delta: float, domain:
 
 def amplify_command(args: argparse.Namespace) -> int:
     """``privacy amplify``: the tightest guarantee and the table of every analysis."""
+    _check_limits(args)
     result = amplification(args.mechanism, args.epsilon0, args.n, args.delta, args.domain)
     if args.json:
         print(render.dumps(result))
@@ -336,6 +365,7 @@ def plot_profile(result: dict[str, Any], path: str) -> None:
 
 def profile_command(args: argparse.Namespace) -> int:
     """``privacy profile``: delta(eps) as a table, JSON, and optionally a PNG."""
+    _check_limits(args)
     try:
         result = profile_table(
             args.mechanism,

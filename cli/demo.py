@@ -26,8 +26,9 @@ from deniable.cli.render import answer_json, answer_table, plot_answers, privacy
 from deniable.client import GrpcTransport, Outbox, Reporter, Transport
 from deniable.client.mqtt import MqttTransport
 from deniable.core import mqtt
+from deniable.core.certs import write_dev_certs
 from deniable.core.mqtt import BrokerAddress
-from deniable.core.service import insecure_channel
+from deniable.core.tls import ClientTls, ServerTls, open_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.v1 import deniable_pb2 as pb
@@ -167,35 +168,48 @@ async def run_pipeline(
     delta: float = 1e-6,
     mqtt_broker: BrokerAddress | None = None,
     mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
+    mqtt_insecure: bool = False,
 ) -> list[DemoCampaign]:
     """Run the demo in ``workdir`` and return each campaign with its answer.
 
     With ``mqtt_broker`` the shuffler also serves that broker and the devices reach it there
-    (campaigns from its retained topics, reports and answers as MQTT messages), not over gRPC.
+    (campaigns from its retained topics, reports and answers as MQTT messages), not over gRPC;
+    devices verify the broker's certificate (``mqtt_broker.tls``) unless ``mqtt_insecure``.
     """
     n_min = max(1, min(1000, devices))
     campaigns = demo_campaigns(devices, epsilon0, mechanism, n_min, target_epsilon, delta)
+    certs = write_dev_certs(workdir / "certs")  # throwaway: a CA and a certificate per role
     aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=workdir / "aggregator", listen="127.0.0.1:0")
+        AggregatorConfig(
+            data_dir=workdir / "aggregator",
+            listen="127.0.0.1:0",
+            tls=ServerTls(certs.cert("aggregator"), certs.key("aggregator"), certs.ca),
+        )
     )
     try:
         ingress = None if mqtt_broker is None else MqttIngressConfig(broker=mqtt_broker, prefix=mqtt_prefix)
         shuffler = await start_shuffler(
             ShufflerConfig(
-                data_dir=workdir / "shuffler", upstream=aggregator.address, listen="127.0.0.1:0", mqtt=ingress
+                data_dir=workdir / "shuffler",
+                upstream=aggregator.address,
+                listen="127.0.0.1:0",
+                mqtt=ingress,
+                tls=ServerTls(certs.cert("shuffler"), certs.key("shuffler"), certs.ca),
+                quota_per_source=0,  # every simulated device shares 127.0.0.1
             )
         )
         try:
-            channel = insecure_channel(aggregator.address)
+            operator_tls = ClientTls(ca=certs.ca, cert=certs.cert("operator"), key=certs.key("operator"))
+            channel = open_channel(aggregator.address, operator_tls)
             operator = pb_grpc.AggregatorStub(channel)
             for campaign in campaigns:  # planning takes a few seconds
                 campaign.created = await operator.CreateCampaign(campaign.request, timeout=300)
-            transport: Transport = GrpcTransport(shuffler.address)
+            transport: Transport = GrpcTransport(shuffler.address, tls=ClientTls(ca=certs.ca))
             if mqtt_broker is not None:
                 assert shuffler.mqtt is not None
                 await asyncio.wait_for(shuffler.mqtt.connected.wait(), 30)
                 await shuffler.mqtt.announce_now()  # do not wait for the periodic announcement
-                transport = MqttTransport(mqtt_broker, prefix=mqtt_prefix)
+                transport = MqttTransport(mqtt_broker, prefix=mqtt_prefix, insecure=mqtt_insecure)
             outbox = Outbox(workdir / "devices" / "outbox.db")
             try:
                 for campaign in campaigns:
@@ -330,6 +344,7 @@ def run_demo(
     delta: float = 1e-6,
     mqtt_broker: BrokerAddress | None = None,
     mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
+    mqtt_insecure: bool = False,
 ) -> dict[str, Any]:
     """Run the demo, print the tables and the privacy statements, write JSON and plot if asked."""
     if devices < 1:
@@ -337,11 +352,31 @@ def run_demo(
     if not 0 < delta < 1:
         raise ValueError("--delta must lie in (0, 1)")
     started = time.perf_counter()
+    print(
+        "TLS on every link with throwaway certificates from a fresh development CA: devices verify the"
+        " shuffler,\nthe shuffler and the operator authenticate to the aggregator with client certificates"
+        + (
+            ""
+            if mqtt_broker is None
+            else "; devices reach the MQTT broker in PLAINTEXT (--mqtt-insecure)"
+            if mqtt_insecure
+            else "; devices verify the MQTT broker's certificate"
+        )
+    )
     with tempfile.TemporaryDirectory(prefix="deniable-demo-") as tmp:
         base = workdir or Path(tmp)
         campaigns = asyncio.run(
             run_pipeline(
-                devices, epsilon0, base, mechanism, progress, target_epsilon, delta, mqtt_broker, mqtt_prefix
+                devices,
+                epsilon0,
+                base,
+                mechanism,
+                progress,
+                target_epsilon,
+                delta,
+                mqtt_broker,
+                mqtt_prefix,
+                mqtt_insecure,
             )
         )
     elapsed = time.perf_counter() - started

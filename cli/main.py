@@ -26,6 +26,7 @@ from deniable.cli.windows import parse_window
 from deniable.core import mqtt
 from deniable.core.errors import ConfigurationError
 from deniable.core.mqtt import BrokerAddress
+from deniable.core.tls import ClientTls, ServerTls
 from deniable.v1 import deniable_pb2 as pb
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 DEFAULT_AGGREGATOR = "127.0.0.1:7700"
 DEFAULT_SHUFFLER = "127.0.0.1:7701"
+DEFAULT_SHUFFLER_OPERATOR = "127.0.0.1:7702"
+DEFAULT_QUOTA = 1000
 T = TypeVar("T")
 
 
@@ -95,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_mqtt_options(demo, "devices reach the shuffler through this MQTT broker instead of gRPC")
+    demo.add_argument("--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file")
+    demo.add_argument(
+        "--mqtt-insecure", action="store_true", help="plaintext to the MQTT broker (tests only)"
+    )
 
     aggregator = sub.add_parser("aggregator", help="the aggregator service").add_subparsers(
         dest="action", required=True
@@ -109,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="decryption processes (default: one per core; 0: no pool, a thread)",
     )
     agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_server_tls_options(agg_serve)
     agg_serve.add_argument(
         "--store",
         default=None,
@@ -125,6 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     shuf_serve.add_argument("--data-dir", type=Path, required=True)
     shuf_serve.add_argument("--upstream", default=DEFAULT_AGGREGATOR, help="aggregator address")
     shuf_serve.add_argument("--metrics-port", type=int, default=None)
+    _add_server_tls_options(shuf_serve)
+    shuf_serve.add_argument(
+        "--operator-listen",
+        default=DEFAULT_SHUFFLER_OPERATOR,
+        help="mutual-TLS port for operators and devices with certificates (default %(default)s)",
+    )
+    shuf_serve.add_argument(
+        "--upstream-ca", type=Path, default=None, help="CA of the aggregator's certificate (default --tls-ca)"
+    )
+    shuf_serve.add_argument(
+        "--quota-per-source",
+        type=int,
+        default=DEFAULT_QUOTA,
+        help="reports one address (or device certificate) may spool per campaign per window;"
+        " a campaign's own quota overrides it; 0: no limit (default %(default)s)",
+    )
+    shuf_serve.add_argument(
+        "--quota-window", type=_positive_float, default=3600.0, help="quota window in seconds (default 3600)"
+    )
     _add_mqtt_options(shuf_serve, "also take reports and announce campaigns on this MQTT broker")
     shuf_serve.add_argument(
         "--mqtt-shared",
@@ -138,7 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file"
     )
     flush = shuffler.add_parser("flush", help="forward spooled reports now")
-    flush.add_argument("--shuffler", default=DEFAULT_SHUFFLER)
+    flush.add_argument(
+        "--shuffler",
+        default=None,
+        help=f"the shuffler's operator port (default {DEFAULT_SHUFFLER_OPERATOR};"
+        f" with --insecure {DEFAULT_SHUFFLER})",
+    )
+    _add_client_tls_options(flush)
     flush.add_argument("--campaign", default="", help="only this campaign (default: all)")
     flush.add_argument(
         "--below-n-min",
@@ -174,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", type=float, default=0.0, help="per-device epsilon budget (default epsilon0)"
     )
     create.add_argument(
+        "--quota-per-source",
+        type=int,
+        default=0,
+        help="reports one source may spool per window at a shuffler (default: the shuffler's)",
+    )
+    create.add_argument(
         "--window",
         default=None,
         help="collection window: a duration from now (90m, 2h, 7d) or an ISO end time (default 7d)",
@@ -185,13 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="devices per released batch (default: --expected-n if planned, else n_min)",
     )
     create.add_argument("--json", action="store_true")
+    _add_client_tls_options(create)
     close = campaign.add_parser("close", help="close a campaign's window now; the shuffler releases it")
     close.add_argument("campaign")
     close.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
-    close.add_argument("--shuffler", default=None, help="also tell this shuffler now (else it learns it)")
+    close.add_argument(
+        "--shuffler", default=None, help="also tell this shuffler's operator port now (else it learns it)"
+    )
+    _add_client_tls_options(close)
     listing = campaign.add_parser("list", help="list campaigns")
     listing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     listing.add_argument("--json", action="store_true")
+    _add_client_tls_options(listing)
 
     query = sub.add_parser("query", help="ask the aggregator").add_subparsers(dest="action", required=True)
     for name, text in (("binary-sum", "estimated number of yes answers"), ("histogram", "estimated counts")):
@@ -207,24 +251,84 @@ def build_parser() -> argparse.ArgumentParser:
         )
         q.add_argument("--top-k", type=int, default=0, help="post-process: keep the K largest buckets")
         q.add_argument("--json", action="store_true")
+        _add_client_tls_options(q)
 
     keys = sub.add_parser("keys", help="aggregator keys").add_subparsers(dest="action", required=True)
     show = keys.add_parser("show", help="show public keys and ids")
     show.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     show.add_argument("--data-dir", type=Path, default=None, help="read the keyring on disk instead")
     show.add_argument("--json", action="store_true")
+    _add_client_tls_options(show)
 
     for module in _command_modules():
         module.register(sub)
     return parser
 
 
-async def _call(address: str, call: Callable[[Any], Awaitable[T]], service: str = "aggregator") -> T:
-    """Open a channel, make one call, close."""
-    from deniable.core.service import insecure_channel
+def _add_server_tls_options(parser: argparse.ArgumentParser) -> None:
+    """``--tls-cert/--tls-key/--tls-ca`` or ``--insecure`` for a service."""
+    parser.add_argument("--tls-cert", type=Path, default=None, help="this service's certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    parser.add_argument(
+        "--tls-ca", type=Path, default=None, help="the CA that issues the peers' certificates"
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext, no credentials checked: every RPC open (tests only)",
+    )
+
+
+def _add_client_tls_options(parser: argparse.ArgumentParser) -> None:
+    """``--tls-ca`` (+ ``--tls-cert/--tls-key``, the operator certificate) or ``--insecure``."""
+    parser.add_argument(
+        "--tls-ca", type=Path, default=None, help="the CA that issued the server's certificate"
+    )
+    parser.add_argument("--tls-cert", type=Path, default=None, help="client (operator) certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    parser.add_argument("--insecure", action="store_true", help="plaintext, to a service run with --insecure")
+
+
+def server_tls(args: argparse.Namespace) -> ServerTls | None:
+    """The service's TLS files from its options; one-line ConfigurationError if incomplete."""
+    given = [args.tls_cert, args.tls_key, args.tls_ca]
+    if args.insecure:
+        if any(given):
+            raise ConfigurationError("--insecure with --tls-cert/--tls-key/--tls-ca: choose one")
+        return None
+    if not all(given):
+        raise ConfigurationError(
+            "TLS needs --tls-cert, --tls-key and --tls-ca (make them with `deniable certs dev`),"
+            " or --insecure for plaintext (tests only)"
+        )
+    return ServerTls(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+
+
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """How this command reaches a service: TLS (None only with --insecure); one-line error otherwise."""
+    given = [args.tls_ca, args.tls_cert, args.tls_key]
+    if args.insecure:
+        if any(given):
+            raise ConfigurationError("--insecure with --tls-ca/--tls-cert/--tls-key: choose one")
+        return None
+    if args.tls_ca is None:
+        raise ConfigurationError(
+            "give --tls-ca (and --tls-cert/--tls-key for an operator certificate), or --insecure"
+        )
+    return ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+
+
+async def _call(
+    address: str,
+    call: Callable[[Any], Awaitable[T]],
+    service: str = "aggregator",
+    tls: ClientTls | None = None,
+) -> T:
+    """Open a channel (TLS unless ``tls`` is None: the caller said --insecure), make one call, close."""
+    from deniable.core.tls import open_channel
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-    channel = insecure_channel(address)
+    channel = open_channel(address, tls, insecure=tls is None)
     try:
         stub: Any = (
             pb_grpc.AggregatorStub(channel) if service == "aggregator" else pb_grpc.ShufflerStub(channel)
@@ -283,6 +387,25 @@ def _add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def _mqtt_tls(ca: Path | None) -> ssl.SSLContext | None:
+    """A context verifying the broker against ``ca`` (None: no CA given)."""
+    if ca is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot use {ca} as the MQTT broker's CA: {exc}") from exc
+
+
+def _demo_broker(args: argparse.Namespace) -> BrokerAddress | None:
+    """The demo's broker: TLS with ``--mqtt-ca``, plaintext only with ``--mqtt-insecure``."""
+    if args.mqtt is None:
+        return None
+    if (args.mqtt_ca is None) == (not args.mqtt_insecure):
+        raise ConfigurationError("with --mqtt give --mqtt-ca (TLS to the broker) or --mqtt-insecure")
+    return dataclasses.replace(BrokerAddress.parse(args.mqtt), tls=_mqtt_tls(args.mqtt_ca))
+
+
 def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
     """The shuffler's MQTT face from its options; ConfigurationError (one line) when unusable."""
     if args.mqtt is None:
@@ -290,12 +413,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
     from deniable.shuffler.mqtt import MqttIngressConfig
 
     broker = BrokerAddress.parse(args.mqtt)
-    tls = None
-    if args.mqtt_ca is not None:
-        try:
-            tls = ssl.create_default_context(cafile=str(args.mqtt_ca))
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigurationError(f"cannot use {args.mqtt_ca} as the MQTT broker's CA: {exc}") from exc
+    tls = _mqtt_tls(args.mqtt_ca)
     password = os.environ.get("DENIABLE_MQTT_PASSWORD")
     broker = dataclasses.replace(broker, username=args.mqtt_username, password=password, tls=tls)
     return MqttIngressConfig(
@@ -304,7 +422,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deniable.cli.render import answer_json, answer_table, privacy_line
+    from deniable.cli.render import answer_json, answer_table, manipulation_line, privacy_line
 
     handler = getattr(args, "handler", None)
     if handler is not None:
@@ -322,8 +440,9 @@ def _run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             target_epsilon=args.target_epsilon,
             delta=args.delta,
-            mqtt_broker=None if args.mqtt is None else BrokerAddress.parse(args.mqtt),
+            mqtt_broker=_demo_broker(args),
             mqtt_prefix=args.mqtt_prefix,
+            mqtt_insecure=args.mqtt_insecure,
         )
         return 0
     if args.command == "aggregator":
@@ -340,6 +459,8 @@ def _run(args: argparse.Namespace) -> int:
                     ),
                     metrics_port=args.metrics_port,
                     store=args.store,
+                    tls=server_tls(args),
+                    insecure=args.insecure,
                 )
             )
         )
@@ -355,33 +476,42 @@ def _run(args: argparse.Namespace) -> int:
                     listen=args.listen,
                     metrics_port=args.metrics_port,
                     mqtt=_mqtt_ingress(args),
+                    tls=server_tls(args),
+                    insecure=args.insecure,
+                    operator_listen=None if args.insecure else args.operator_listen,
+                    upstream_ca=args.upstream_ca,
+                    quota_per_source=args.quota_per_source,
+                    quota_window_s=args.quota_window,
                 )
             )
         )
         return 0
     if args.command == "shuffler" and args.action == "flush":
+        tls = client_tls(args)
         if args.below_n_min:
             if not args.campaign:
                 raise ValueError("--below-n-min needs --campaign (it is authorised per campaign)")
             release = pb.ReleaseBelowNMinRequest(campaign_id=args.campaign)
-            asyncio.run(_call(args.aggregator, lambda s: s.ReleaseBelowNMin(release, timeout=30)))
+            asyncio.run(_call(args.aggregator, lambda s: s.ReleaseBelowNMin(release, timeout=30), tls=tls))
             print(f"recorded at the aggregator: batches of {args.campaign} below n_min authorised")
         request = pb.FlushRequest(campaign_id=args.campaign, below_n_min=args.below_n_min)
+        target = args.shuffler or (DEFAULT_SHUFFLER if tls is None else DEFAULT_SHUFFLER_OPERATOR)
         flushed: pb.FlushResponse = asyncio.run(
-            _call(args.shuffler, lambda s: s.Flush(request, timeout=300), "shuffler")
+            _call(target, lambda s: s.Flush(request, timeout=300), "shuffler", tls)
         )
         print(_flush_line(flushed))
         return 0
     if args.command == "campaign" and args.action == "close":
         closing = pb.CloseCampaignRequest(campaign_id=args.campaign)
+        operator_tls = client_tls(args)
         closed: pb.Campaign = asyncio.run(
-            _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30))
+            _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30), tls=operator_tls)
         )
         print(f"closed {closed.id}: window ended at {closed.window_end_unix} (Unix time)")
         if args.shuffler:
             flush_one = pb.FlushRequest(campaign_id=args.campaign)
             done: pb.FlushResponse = asyncio.run(
-                _call(args.shuffler, lambda s: s.Flush(flush_one, timeout=300), "shuffler")
+                _call(args.shuffler, lambda s: s.Flush(flush_one, timeout=300), "shuffler", operator_tls)
             )
             print(_flush_line(done))
         return 0
@@ -404,12 +534,18 @@ def _run(args: argparse.Namespace) -> int:
             delta=args.delta,
             n_min=args.n_min,
             device_budget_epsilon=args.budget,
+            quota_per_source=args.quota_per_source,
             window_s=window_s,
             window_end_unix=window_end,
             batch_target=args.batch_target,
         )
+        tls = client_tls(args)
         created: pb.Campaign = asyncio.run(
-            _call(args.aggregator, lambda s: s.CreateCampaign(create, timeout=300 if args.expected_n else 30))
+            _call(
+                args.aggregator,
+                lambda s: s.CreateCampaign(create, timeout=300 if args.expected_n else 30),
+                tls=tls,
+            )
         )
         if args.json:
             _print_json(_campaign_dict(created))
@@ -429,7 +565,11 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "campaign" and args.action == "list":
         listed: pb.ListCampaignsResponse = asyncio.run(
-            _call(args.aggregator, lambda s: s.ListCampaigns(pb.ListCampaignsRequest(), timeout=30))
+            _call(
+                args.aggregator,
+                lambda s: s.ListCampaigns(pb.ListCampaignsRequest(), timeout=30),
+                tls=client_tls(args),
+            )
         )
         if args.json:
             _print_json([_campaign_dict(c) for c in listed.campaigns])
@@ -450,8 +590,13 @@ def _run(args: argparse.Namespace) -> int:
             ),
         )
         binary = args.action == "binary-sum"
+        tls = client_tls(args)
         answer: pb.QueryResponse = asyncio.run(
-            _call(args.aggregator, lambda s: (s.BinarySum if binary else s.Histogram)(query, timeout=60))
+            _call(
+                args.aggregator,
+                lambda s: (s.BinarySum if binary else s.Histogram)(query, timeout=60),
+                tls=tls,
+            )
         )
         if args.json:
             _print_json(answer_json(answer))
@@ -465,6 +610,7 @@ def _run(args: argparse.Namespace) -> int:
                 )
             print(answer_table(answer))
             print("privacy: " + privacy_line(answer.privacy))
+            print(manipulation_line(answer))
         return 0
     if args.command == "keys":
         if args.data_dir is not None:
@@ -472,8 +618,9 @@ def _run(args: argparse.Namespace) -> int:
 
             infos = Keyring.load_or_create(args.data_dir, create=False).infos()
         else:
+            tls = client_tls(args)
             keys: pb.ListKeysResponse = asyncio.run(
-                _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30))
+                _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=tls)
             )
             infos = list(keys.keys)
         rows = [
@@ -492,7 +639,36 @@ def _run(args: argparse.Namespace) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+# Which extra installs a module the CLI may need (the bare install is the device SDK only).
+EXTRA_FOR_MODULE = {
+    "numpy": "server",
+    "prometheus_client": "server",
+    "tqdm": "server",
+    "grpc_health": "server",
+    "asyncpg": "postgres",
+    "aiomqtt": "mqtt",
+    "paho": "mqtt",
+    "matplotlib": "plot",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run; a missing optional dependency is one line naming its extra."""
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_FOR_MODULE.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"deniable: this command needs the [{extra}] extra ({exc.name} is not installed):"
+            f" pip install 'deniable[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     """Parse arguments, run, and turn known failures into one-line errors."""
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -500,7 +676,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging(args.log_level)
     try:
-        return _run(args)
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handlers below, not at exit
+        return status
     except ConfigurationError as exc:
         print(f"deniable: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -514,6 +692,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (``deniable query ... | head -1``): stop quietly
+        _silence_stdout()
+        return 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

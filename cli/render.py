@@ -93,7 +93,42 @@ def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
         "simultaneous": answer.simultaneous,
         "post_processing_applied": list(answer.post_processing_applied),
         "buckets": answer_rows(answer, truth),
+        "manipulation": manipulation_json(answer),
     }
+
+
+def manipulation_json(answer: pb.QueryResponse) -> dict[str, Any]:
+    """The poisoning bound: per bucket, how far m fake well-formed reports could move the estimate."""
+    budget = answer.manipulation
+    out: dict[str, Any] = {"fake_reports": int(budget.fake_reports), "rule": budget.rule}
+    out["computed"] = budget.computed
+    if not budget.computed:
+        out["note"] = budget.note
+        return out
+    out["buckets"] = [
+        {
+            "label": bucket.label,
+            "max_raise": budget.max_raise[i],
+            "max_lower": budget.max_lower[i],
+            "max_raise_per_report": budget.raise_per_report[i],
+            "max_lower_per_report": budget.lower_per_report[i],
+        }
+        for i, bucket in enumerate(answer.buckets)
+    ]
+    return out
+
+
+def manipulation_line(answer: pb.QueryResponse) -> str:
+    """One line: how far m fake reports could move the estimates (the largest over buckets)."""
+    budget = answer.manipulation
+    m = int(budget.fake_reports)
+    if not budget.computed:
+        return f"manipulation: {m} fake reports: bound {budget.note or 'not derived'}"
+    up, down = max(budget.max_raise, default=0.0), max(budget.max_lower, default=0.0)
+    return (
+        f"manipulation: {m} fake well-formed reports ({budget.rule.split(' (')[0]}) could raise an"
+        f" estimate by up to {up:.1f} or lower it by up to {down:.1f} (per bucket in --json)"
+    )
 
 
 def answer_table(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -> str:

@@ -67,8 +67,9 @@ class BudgetExceeded(Exception):
 class BudgetLedger:
     """Durable per-campaign and device-wide epsilon spend (SQLite file, or in memory when None)."""
 
-    def __init__(self, path: Path | None = None, total_limit: float | None = None) -> None:
+    def __init__(self, path: Path | str | None = None, total_limit: float | None = None) -> None:
         """Open the ledger; ``total_limit`` caps the sum of spend over all campaigns if given."""
+        path = None if path is None else Path(path)
         if path is None:
             self._db: sqlite3.Connection | None = sqlite3.connect(
                 ":memory:", isolation_level=None, check_same_thread=False

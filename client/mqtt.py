@@ -12,18 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import ssl
 from collections.abc import Sequence
-from typing import Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
-import aiomqtt
 import grpc
 from google.protobuf.message import DecodeError
 
 from deniable.client.transport import RETRYABLE_CODES, TransportError
 from deniable.core import mqtt
 from deniable.core.campaigns import valid_campaign_id
+from deniable.core.errors import ConfigurationError
 from deniable.core.mqtt import BrokerAddress
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import aiomqtt
+else:  # the [mqtt] extra: imported when a broker is first used
+    from deniable.core.lazy import LazyModule
+
+    aiomqtt = LazyModule("aiomqtt", "MQTT needs aiomqtt: pip install 'deniable[mqtt]'")
 
 _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -95,8 +105,23 @@ class _Session:
             await self.client.__aexit__(None, None, None)
 
 
+def _with_tls(broker: BrokerAddress, ca: Path | None, insecure: bool) -> BrokerAddress:
+    """``broker`` with a verifying TLS context unless it has one or plaintext is asked for by name."""
+    if insecure:
+        if broker.tls is not None or ca is not None:
+            raise ValueError("choose TLS (a CA or the broker's tls context) or insecure, not both")
+        return broker
+    if broker.tls is not None:
+        return broker
+    try:
+        context = ssl.create_default_context(cafile=None if ca is None else str(ca))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot use {ca} as the MQTT broker's CA: {exc}") from exc
+    return dataclasses.replace(broker, tls=context)
+
+
 class MqttTransport:
-    """The shuffler behind an MQTT broker; connects on first use, reconnects after a failure."""
+    """The shuffler behind an MQTT broker over TLS; connects on first use, reconnects after a failure."""
 
     def __init__(
         self,
@@ -105,13 +130,20 @@ class MqttTransport:
         prefix: str = mqtt.DEFAULT_PREFIX,
         timeout_s: float = 10.0,
         campaign_wait_s: float = 3.0,
+        ca: Path | None = None,
+        insecure: bool = False,
     ) -> None:
         """``broker``: a BrokerAddress or ``HOST[:PORT]``; ``timeout_s`` bounds each answer's wait,
-        ``campaign_wait_s`` the wait for a retained campaign (it arrives at once if there is one)."""
+        ``campaign_wait_s`` the wait for a retained campaign (it arrives at once if there is one).
+
+        The broker's certificate is verified (``broker.tls``, else a context trusting ``ca`` or the
+        system roots); ``insecure=True`` connects in plaintext, for tests only.
+        """
         if timeout_s <= 0 or campaign_wait_s <= 0:
             raise ValueError("timeout_s and campaign_wait_s must be positive")
         self.campaign_wait_s = campaign_wait_s
-        self.broker = broker if isinstance(broker, BrokerAddress) else BrokerAddress.parse(broker)
+        address = broker if isinstance(broker, BrokerAddress) else BrokerAddress.parse(broker)
+        self.broker = _with_tls(address, ca, insecure)
         self.prefix = mqtt.check_prefix(prefix)
         self.timeout_s = timeout_s
         self._session: _Session | None = None

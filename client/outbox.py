@@ -56,10 +56,10 @@ class OutboxRow:
 class Outbox:
     """SQLite-backed (WAL, fsync on commit) store of reports not yet acknowledged; thread safe."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | str) -> None:
         """Open or create the outbox file at ``path``."""
-        self.path = path
-        self._db: sqlite3.Connection | None = open_database(path)
+        self.path = Path(path)
+        self._db: sqlite3.Connection | None = open_database(self.path)
         self._lock = threading.Lock()
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}

@@ -21,8 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-
-from tqdm import tqdm
+from typing import Protocol
 
 from deniable.client.budget import BudgetExceeded, BudgetLedger, fits
 from deniable.client.outbox import Outbox
@@ -39,8 +38,45 @@ Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
 
 
+class ProgressBar(Protocol):
+    """The part of a tqdm bar the Reporter uses."""
+
+    def update(self, n: int = 1) -> object:
+        """Advance by ``n``."""
+        ...
+
+    def close(self) -> None:
+        """Finish the bar."""
+        ...
+
+
+class _NoBar:
+    """A progress bar that shows nothing (the default: the SDK does not need tqdm)."""
+
+    def update(self, n: int = 1) -> None:
+        """Do nothing."""
+
+    def close(self) -> None:
+        """Do nothing."""
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> ProgressBar:
+    """A tqdm bar when asked for (tqdm comes with ``deniable[server]``), otherwise a silent one."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError("progress bars need tqdm: pip install 'deniable[server]'") from exc
+    return tqdm(total=total, desc=desc, unit=unit)
+
+
 class CampaignClosed(Exception):
     """The campaign's collection window is not open now."""
+
+
+class CampaignUnavailable(TransportError):
+    """The campaign description could not be fetched before ``fetch`` gave up (retryable later)."""
 
 
 class CampaignInvalid(Exception):
@@ -136,9 +172,18 @@ class Reporter:
         *,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
+        give_up_after_s: float = 60.0,
+        base_delay_s: float = 0.05,
+        max_delay_s: float = 5.0,
     ) -> Reporter:
-        """A Reporter for the campaign as the shuffler describes it (see the trust note above)."""
-        campaign = await transport.get_campaign(campaign_id)
+        """A Reporter for the campaign as the shuffler describes it (see the trust note above).
+
+        A retryable TransportError is retried with the full-jitter backoff of ``send_pending``;
+        after ``give_up_after_s`` (measured with ``clock``) it raises CampaignUnavailable.
+        """
+        campaign = await _get_campaign_retrying(
+            campaign_id, transport, clock, sleep, give_up_after_s, base_delay_s, max_delay_s
+        )
         if campaign.id != campaign_id:
             raise CampaignInvalid(f"asked for campaign {campaign_id!r}, got {campaign.id!r}")
         return cls(campaign, outbox, transport, ledger, clock=clock, sleep=sleep)
@@ -213,10 +258,12 @@ class Reporter:
                 self.campaign.device_budget_epsilon,
             )
         payloads = self.randomiser.randomise_many(values)
-        answers = [
-            [report for _, report in self._seal_payload(payload)]
-            for payload in tqdm(payloads, desc="seal", unit="device", disable=not progress)
-        ]
+        bar = progress_bar(len(payloads), "seal", "device", progress)
+        answers: list[list[pb.EncryptedReport]] = []
+        for payload in payloads:
+            answers.append([report for _, report in self._seal_payload(payload)])
+            bar.update(1)
+        bar.close()
         return self.outbox.add_answers(answers)
 
     async def send_pending(
@@ -241,7 +288,7 @@ class Reporter:
         acknowledged = rejected = 0
         rejections: Counter[str] = Counter()
         async with self._send_lock:
-            bar = tqdm(total=self.outbox.count(campaign_id), desc="send", unit="report", disable=not progress)
+            bar = progress_bar(self.outbox.count(campaign_id), "send", "report", progress)
             try:
                 failures = 0
                 while rows := self.outbox.pending(batch_size, campaign_id):
@@ -277,6 +324,37 @@ class Reporter:
             finally:
                 bar.close()
         return SendResult(acknowledged, rejected, self.outbox.count(campaign_id), dict(rejections))
+
+
+async def _get_campaign_retrying(
+    campaign_id: str,
+    transport: Transport,
+    clock: Clock,
+    sleep: Sleep,
+    give_up_after_s: float,
+    base_delay_s: float,
+    max_delay_s: float,
+) -> pb.Campaign:
+    """GetCampaign, retrying retryable failures with jittered backoff until ``give_up_after_s``."""
+    if not give_up_after_s >= 0:
+        raise ValueError("give_up_after_s must be a non-negative number of seconds")
+    deadline = clock() + give_up_after_s
+    attempt = 0
+    while True:
+        try:
+            return await transport.get_campaign(campaign_id)
+        except TransportError as exc:
+            if not exc.retryable:
+                raise
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise CampaignUnavailable(
+                    f"campaign {campaign_id!r} unavailable after {give_up_after_s:g} s and"
+                    f" {attempt + 1} attempts: {exc.message}",
+                    retryable=True,
+                ) from exc
+            await sleep(min(remaining, backoff_delay(attempt, base_delay_s, max_delay_s)))
+            attempt += 1
 
 
 def _check_response(response: pb.SubmitReportsResponse, sent: int) -> dict[int, pb.Rejection]:

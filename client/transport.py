@@ -13,7 +13,7 @@ from typing import Final, Protocol, runtime_checkable
 
 import grpc
 
-from deniable.core.service import insecure_channel
+from deniable.core.tls import ClientTls, open_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
 
@@ -67,14 +67,29 @@ def error_from_rpc(exc: grpc.aio.AioRpcError, what: str) -> TransportError:
 
 
 class GrpcTransport:
-    """The shuffler over gRPC (plaintext channel; put TLS in front of it in deployments)."""
+    """The shuffler over gRPC with TLS, verifying the server's certificate (``tls.ca``, else gRPC's roots)."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
-        """Remember where the shuffler is; the channel opens on first use, inside the running loop."""
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = 10.0,
+        *,
+        tls: ClientTls | None = None,
+        insecure: bool = False,
+    ) -> None:
+        """Remember where the shuffler is; the channel opens on first use, inside the running loop.
+
+        ``tls``: the CA to trust (default: gRPC's default roots) and an optional device certificate;
+        ``insecure=True``: plaintext, for tests against an insecure shuffler only.
+        """
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        if insecure and tls is not None:
+            raise ValueError("choose tls or insecure, not both")
         self.address = address
         self.timeout_s = timeout_s
+        self.tls = tls
+        self.insecure = insecure
         self._channel: grpc.aio.Channel | None = None
         self._stub: deniable_pb2_grpc.ShufflerAsyncStub | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -84,7 +99,7 @@ class GrpcTransport:
         loop = asyncio.get_running_loop()
         if self._stub is None or self._loop is not loop:
             # A channel is bound to the loop it was made in; one from a finished loop is unusable.
-            self._channel = insecure_channel(self.address)
+            self._channel = open_channel(self.address, self.tls, insecure=self.insecure)
             self._stub = deniable_pb2_grpc.ShufflerStub(self._channel)
             self._loop = loop
         return self._stub

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, generate_latest, start_http_server
 
 from deniable.core.errors import ConfigurationError
 
@@ -20,6 +20,12 @@ class ServiceMetrics:
     def __init__(self) -> None:
         """Create the empty registry."""
         self.registry = CollectorRegistry()
+        self.auth_refusals = Counter(
+            "deniable_auth_refusals",
+            "Calls refused for a missing or wrong credential (UNAUTHENTICATED / PERMISSION_DENIED).",
+            ["service", "rpc", "reason"],
+            registry=self.registry,
+        )
         self._http: WSGIServer | None = None
         self._http_thread: threading.Thread | None = None
 

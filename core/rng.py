@@ -14,11 +14,16 @@ import os
 import threading
 import weakref
 from fractions import Fraction
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import numpy as np
-import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
 
 _BUFFER_BYTES: Final = 1 << 16
 _ZERO_BLOCK: Final = bytes(_BUFFER_BYTES)

@@ -3,6 +3,15 @@
 # With --check: regenerate into a temporary folder and fail if the committed stubs differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The generator sets the runtime floors of grpcio/protobuf in pyproject.toml (ADR 0017): stubs
+# from a newer grpcio-tools would demand newer runtimes than we declare.
+GRPCIO_TOOLS=1.63.2
+MYPY_PROTOBUF=3.7.0
+have=$(python -c 'from importlib.metadata import version as v; print(v("grpcio-tools"), v("mypy-protobuf"))')
+if [ "$have" != "$GRPCIO_TOOLS $MYPY_PROTOBUF" ]; then
+  echo "gen_proto.sh needs grpcio-tools==$GRPCIO_TOOLS and mypy-protobuf==$MYPY_PROTOBUF (found: $have); pip install -e '.[dev]'" >&2
+  exit 2
+fi
 out=proto
 if [ "${1:-}" = "--check" ]; then
   out=$(mktemp -d)

@@ -21,12 +21,18 @@ class Unavailable(ShufflerError):
     """The upstream aggregator is needed and unreachable: UNAVAILABLE, the caller retries."""
 
 
+class QuotaExceeded(ShufflerError):
+    """The source is over its quota for a campaign: RESOURCE_EXHAUSTED, nothing of the request spooled."""
+
+
 def status_code(error: ShufflerError) -> grpc.StatusCode:
     """The gRPC status a handler error ends a call with (the gRPC and the MQTT face alike)."""
     if isinstance(error, InvalidRequest):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(error, NotFound):
         return grpc.StatusCode.NOT_FOUND
+    if isinstance(error, QuotaExceeded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(error, Unavailable):
         return grpc.StatusCode.UNAVAILABLE
     return grpc.StatusCode.INTERNAL

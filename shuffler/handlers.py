@@ -7,22 +7,27 @@ decrypts. Accepted reports are spooled in one durable transaction before the res
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from google.protobuf.message import DecodeError
 
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
-from deniable.shuffler.errors import InvalidRequest, NotFound, ShufflerError, Unavailable
+from deniable.shuffler.errors import InvalidRequest, NotFound, QuotaExceeded, ShufflerError, Unavailable
 from deniable.shuffler.forwarder import Pipeline
 from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.quota import SourceKeys, SourceQuota
 from deniable.shuffler.rawsubmit import RawSubmit
 from deniable.shuffler.segments import ColumnReports
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
+
+log = logging.getLogger("deniable.shuffler")
 
 __all__ = ["InvalidRequest", "NotFound", "ShufflerError", "ShufflerHandlers", "Unavailable"]
 
@@ -67,8 +72,10 @@ class ShufflerHandlers:
         *,
         max_reports_per_request: int = DEFAULT_MAX_REPORTS_PER_REQUEST,
         wall_clock: Callable[[], float] = time.time,
+        quota: SourceQuota | None = None,
     ) -> None:
-        """``wall_clock`` (Unix seconds) decides whether a campaign window has ended."""
+        """``wall_clock`` (Unix seconds) decides whether a campaign window has ended; ``quota``
+        limits what one source may spool (None: no limit)."""
         self.store = store
         self.directory = directory
         self._batcher = batcher
@@ -76,17 +83,23 @@ class ShufflerHandlers:
         self._metrics = metrics
         self._max_reports = max_reports_per_request
         self._wall_clock = wall_clock
+        self.quota = quota
+        self.spool_failure: str | None = None
+        """Why the last spool write failed; health clears it once a probe write succeeds."""
 
-    async def submit(self, request: pb.SubmitReportsRequest | RawSubmit) -> pb.SubmitReportsResponse:
+    async def submit(
+        self, request: pb.SubmitReportsRequest | RawSubmit, source: SourceKeys = ()
+    ) -> pb.SubmitReportsResponse:
         """Validate every envelope, spool the accepted ones durably, list the rejected ones.
 
         The checks are those of ``check_envelope``, made once per campaign and then as plain
         comparisons per report; a rejected report gets ``check_envelope``'s reason and detail.
         A request still in bytes (``RawSubmit``) whose reports all fit one campaign is accepted
-        without parsing it report by report; any other goes the general way.
+        without parsing it report by report; any other goes the general way. The accepted reports
+        count against ``source``'s quota: over it, QuotaExceeded and nothing is spooled.
         """
         if isinstance(request, RawSubmit):
-            uniform = await self._submit_uniform(request)
+            uniform = await self._submit_uniform(request, source)
             if uniform is not None:
                 return uniform
             try:
@@ -155,14 +168,50 @@ class ShufflerHandlers:
                 assert verdict is not None
                 response.rejected.add(index=index, reason=verdict[0], detail=verdict[1])
         columns = ColumnReports([(c, keys, texts) for c, (keys, texts) in accepted.items()])
-        await asyncio.to_thread(self.store.append, columns)
+        demand = {c: len(keys) for c, (keys, _) in accepted.items()}
+        await self._spool(columns, source, demand, campaigns)
         response.accepted = len(columns)
         self._metrics.reports_accepted.inc(len(columns))
         for reason, rejected in Counter(r.reason for r in response.rejected).items():
             self._metrics.reports_rejected.labels(reason=pb.RejectReason.Name(reason)).inc(rejected)
         return response
 
-    async def _submit_uniform(self, request: RawSubmit) -> pb.SubmitReportsResponse | None:
+    async def _spool(
+        self,
+        columns: ColumnReports,
+        source: SourceKeys,
+        demand: dict[str, int],
+        campaigns: Mapping[str, pb.Campaign | None],
+    ) -> None:
+        """Charge ``source``'s quota, then append durably; a failed append gives the charge back."""
+        quota = self.quota if source and demand else None
+        if quota is not None:
+            limits = {c: quota.limit(campaign) for c, campaign in campaigns.items() if campaign}
+            try:
+                quota.charge(source, demand, limits)
+            except QuotaExceeded:
+                self._metrics.quota_refusals.inc()
+                raise
+        try:
+            await self._append(columns)
+        except BaseException:
+            if quota is not None:
+                quota.refund(source, demand)
+            raise
+
+    async def _append(self, columns: ColumnReports) -> None:
+        """Append durably; a write that fails (disk full) is UNAVAILABLE and marks the spool unwritable."""
+        try:
+            await asyncio.to_thread(self.store.append, columns)
+        except (OSError, sqlite3.Error) as exc:
+            self.spool_failure = f"the spool cannot be written: {type(exc).__name__}: {str(exc)[:200]}"
+            log.error("%s", self.spool_failure)
+            self._metrics.spool_write_failures.inc()
+            raise Unavailable("the spool cannot be written now; nothing was accepted, retry later") from None
+
+    async def _submit_uniform(
+        self, request: RawSubmit, source: SourceKeys
+    ) -> pb.SubmitReportsResponse | None:
         """Accept a request of one campaign's well-formed reports as columns; None: not that shape.
 
         Same checks as the general path (known campaign, its key id and ciphertext length, open
@@ -185,7 +234,12 @@ class ShufflerHandlers:
             or (campaign.window_end_unix and self._wall_clock() >= campaign.window_end_unix)
         ):
             return None
-        await asyncio.to_thread(self.store.append, ColumnReports.of(campaign_id, columns))
+        await self._spool(
+            ColumnReports.of(campaign_id, columns),
+            source,
+            {campaign_id: columns.count},
+            {campaign_id: campaign},
+        )
         self._metrics.reports_accepted.inc(columns.count)
         return pb.SubmitReportsResponse(accepted=columns.count)
 

@@ -39,10 +39,20 @@ class ShufflerMetrics(ServiceMetrics):
             "IngestBatch attempts that did not succeed (the batch is kept and retried).",
             registry=self.registry,
         )
+        self.quota_refusals = Counter(
+            "deniable_shuffler_quota_refusals",
+            "SubmitReports requests refused because their source was over its quota (nothing spooled).",
+            registry=self.registry,
+        )
         self.requests_failed = Counter(
             "deniable_shuffler_requests_failed",
             "RPCs answered with a non-OK status, by RPC and status code.",
             ["rpc", "code"],
+            registry=self.registry,
+        )
+        self.spool_write_failures = Counter(
+            "deniable_shuffler_spool_write_failures",
+            "Spool appends that failed (disk full, I/O error): the request got UNAVAILABLE.",
             registry=self.registry,
         )
         self.pending = Gauge(

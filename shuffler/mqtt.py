@@ -19,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import aiomqtt
 import grpc
 from prometheus_client import Counter
 
@@ -34,6 +33,13 @@ from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.rawsubmit import RawSubmit
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import aiomqtt
+else:  # the [mqtt] extra: imported when a broker is first used
+    from deniable.core.lazy import LazyModule
+
+    aiomqtt = LazyModule("aiomqtt", "MQTT needs aiomqtt: pip install 'deniable[mqtt]'")
 
 log = logging.getLogger("deniable.shuffler.mqtt")
 

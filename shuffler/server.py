@@ -10,16 +10,22 @@ from pathlib import Path
 from typing import Final
 
 import grpc
-from grpc_health.v1 import health
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
 
 from deniable.core import service
+from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
+from deniable.core.health import Check, HealthMonitor
+from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
+from deniable.shuffler.health import DEFAULT_UPSTREAM_GRACE_S, UpstreamCheck, spool_check
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.mqtt import MqttIngress, MqttIngressConfig
+from deniable.shuffler.quota import DEFAULT_QUOTA_PER_SOURCE, DEFAULT_WINDOW_S, SourceQuota
 from deniable.shuffler.rawsubmit import RawSubmitInterceptor
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
@@ -32,6 +38,15 @@ log = logging.getLogger("deniable.shuffler")
 SERVICE_NAME: Final = "deniable.v1.Shuffler"
 SPOOL_FILE: Final = "spool.sqlite3"
 SPOOLS: Final = ("segments", "rows")
+ACCESS_POLICY: Final = AccessPolicy(
+    service="shuffler",
+    allowed={
+        f"/{SERVICE_NAME}/GetCampaign": ANYONE,
+        f"/{SERVICE_NAME}/SubmitReports": ANYONE,
+        **{method: ANYONE for method in HEALTH_METHODS},
+    },
+)
+"""Devices reach GetCampaign, SubmitReports and health; any other RPC needs the operator role."""
 
 
 def open_spool(kind: str, path: Path) -> SqliteSpool | SegmentSpool:
@@ -63,6 +78,23 @@ class ShufflerConfig:
     """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
     mqtt: MqttIngressConfig | None = None
     """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
+    tls: ServerTls | None = None
+    """TLS on the device port, mutual TLS on ``operator_listen``; the certificate is also the
+    shuffler's client certificate towards the aggregator."""
+    insecure: bool = False
+    """Plaintext everywhere and no credential checks (tests only); needed by name when ``tls`` is None."""
+    operator_listen: str | None = None
+    """The mutual-TLS port for operators (Flush, Stats) and devices with credentials (TLS only)."""
+    upstream_ca: Path | None = None
+    """The CA of the aggregator's certificate when it is not ``tls.ca``."""
+    quota_per_source: int = DEFAULT_QUOTA_PER_SOURCE
+    """Reports one source address (or device credential) may spool per campaign per window; 0: no limit.
+    A campaign's ``quota_per_source`` overrides it."""
+    quota_window_s: float = DEFAULT_WINDOW_S
+    upstream_grace_s: float = DEFAULT_UPSTREAM_GRACE_S
+    """NOT_SERVING while the upstream has not answered as an aggregator for this long (or ever)."""
+    health_interval_s: float = 1.0
+    """How often health re-checks the spool directory and the upstream."""
 
 
 @dataclass
@@ -75,7 +107,11 @@ class RunningShuffler:
     metrics: ShufflerMetrics
     metrics_port: int | None
     _server: grpc.aio.Server = field(repr=False)
-    _health: health.HealthServicer = field(repr=False)
+    _health: health_aio.HealthServicer = field(repr=False)
+    monitor: HealthMonitor = field(repr=False)
+    _lock: service.DataDirLock = field(repr=False)
+    operator_port: int | None = field(default=None, kw_only=True)
+    operator_address: str | None = field(default=None, kw_only=True)
     _pipeline: Pipeline = field(repr=False)
     _directory: CampaignDirectory = field(repr=False)
     _channel: grpc.aio.Channel = field(repr=False)
@@ -92,7 +128,8 @@ class RunningShuffler:
         if self._stopped:
             return
         self._stopped = True
-        self._health.enter_graceful_shutdown()
+        await self.monitor.stop()
+        await self._health.enter_graceful_shutdown()
         if self.mqtt is not None:
             await self.mqtt.stop()
         await self._server.stop(grace)
@@ -101,6 +138,7 @@ class RunningShuffler:
         await self._channel.close()
         self.metrics.stop_http()
         await asyncio.to_thread(self._store.close)
+        self._lock.release()
         log.info("shuffler stopped")
 
 
@@ -111,22 +149,59 @@ def _connect_address(listen: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def _credentials(
+    config: ShufflerConfig,
+) -> tuple[grpc.ServerCredentials | None, grpc.ServerCredentials | None, ClientTls | None]:
+    """(device port, operator port, towards the aggregator); all None when insecure."""
+    if config.tls is None:
+        if config.operator_listen is not None:
+            raise ConfigurationError("--operator-listen needs TLS (insecure, every RPC is on --listen)")
+        return None, None, None
+    return (
+        config.tls.credentials(require_client_cert=False),
+        config.tls.credentials(require_client_cert=True),
+        config.tls.as_client(config.upstream_ca),
+    )
+
+
 async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     """Open the spool, bind, start serving and the background loop.
 
-    ConfigurationError (one line) if the port is taken or the data directory is unusable; an
-    unreachable upstream is not an error (batches wait, campaign look-ups retry).
+    ConfigurationError (one line) if the port is taken or the data directory is unusable or in
+    use (a failed start removes what it created); an unreachable upstream is not an error (batches
+    wait, campaign look-ups retry) but keeps health NOT_SERVING until it answers.
     """
+    if config.spool not in SPOOLS:
+        raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
+    check_transport(config.tls, config.insecure, "shuffler")
+    if config.quota_per_source < 0 or not config.quota_window_s > 0:
+        raise ConfigurationError("the quota must be >= 0 reports (0: no limit) over a window > 0 s")
+    device_credentials, operator_credentials, upstream_tls = _credentials(config)
+    leftovers = service.Leftovers(config.data_dir)
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigurationError(f"cannot use data directory {config.data_dir}: {exc}") from exc
-    if config.spool not in SPOOLS:
-        raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
-    store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
+    try:
+        lock = service.DataDirLock(config.data_dir)
+    except ConfigurationError:
+        leftovers.remove()
+        raise
+    try:
+        store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
+    except BaseException:
+        lock.release()
+        leftovers.remove()
+        raise
     metrics = ShufflerMetrics()
-    channel = service.insecure_channel(config.upstream)
-    server = service.new_server(config.max_message_bytes, interceptors=[RawSubmitInterceptor()])
+    channel = open_channel(config.upstream, upstream_tls, insecure=config.insecure)
+    guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
+    server = service.new_server(
+        config.max_message_bytes,
+        interceptors=[guard, RawSubmitInterceptor()],
+        on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
+    )
+    monitor: HealthMonitor | None = None
     try:
         upstream = deniable_pb2_grpc.AggregatorStub(channel)
         directory = CampaignDirectory(
@@ -155,17 +230,43 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             pipeline,
             metrics,
             max_reports_per_request=config.max_reports_per_request,
+            quota=SourceQuota(config.quota_per_source, config.quota_window_s),
         )
         deniable_pb2_grpc.add_ShufflerServicer_to_server(ShufflerServicer(handlers, metrics), server)
-        health_servicer = service.add_health(server, SERVICE_NAME)
-        port = service.bind(server, config.listen)
+        health_servicer = await service.add_health(
+            server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        checks: dict[str, Check] = {
+            "spool": spool_check(config.data_dir, handlers),
+            "upstream": UpstreamCheck(
+                channel, config.upstream, config.upstream_grace_s, config.upstream_deadline_s
+            ),
+        }
+        monitor = HealthMonitor(
+            health_servicer,
+            [SERVICE_NAME],
+            checks,
+            metrics.registry,
+            "deniable_shuffler",
+            config.health_interval_s,
+        )
+        port = service.bind(server, config.listen, device_credentials)
+        operator_port = None
+        if config.operator_listen is not None and operator_credentials is not None:
+            operator_port = service.bind(server, config.operator_listen, operator_credentials)
         metrics_port = metrics.serve_http(config.metrics_port) if config.metrics_port is not None else None
+        await monitor.check_now()  # the first answer is already the truth
         await server.start()
+        monitor.start()
     except BaseException:
+        if monitor is not None:
+            await monitor.stop()
         await server.stop(None)
         await channel.close()
         metrics.stop_http()
         await asyncio.to_thread(store.close)
+        lock.release()
+        leftovers.remove()
         raise
     pipeline.start()
     ingress = None
@@ -173,7 +274,20 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         ingress = MqttIngress(handlers, metrics, config.mqtt)
         ingress.start()  # connects (and reconnects) in the background; a broker down is not fatal
     address = _connect_address(config.listen, port)
-    log.info("shuffler listening", extra={"address": address, "upstream": config.upstream})
+    operator_address = (
+        None if operator_port is None else _connect_address(config.operator_listen or "", operator_port)
+    )
+    if config.insecure:
+        warn_open("the shuffler")
+    log.info(
+        "shuffler listening",
+        extra={
+            "address": address,
+            "operator_address": operator_address,
+            "upstream": config.upstream,
+            "tls": "on" if config.tls else "none",
+        },
+    )
     return RunningShuffler(
         port=port,
         address=address,
@@ -182,11 +296,15 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         metrics_port=metrics_port,
         _server=server,
         _health=health_servicer,
+        monitor=monitor,
+        _lock=lock,
         _pipeline=pipeline,
         _directory=directory,
         _channel=channel,
         _store=store,
         mqtt=ingress,
+        operator_port=operator_port,
+        operator_address=operator_address,
     )
 
 

@@ -1,7 +1,8 @@
 """The thin gRPC face of the shuffler: calls a handler, maps its errors to status codes.
 
-It never reads the caller's address (``context.peer()``) or metadata, and never crashes: an
-unexpected exception is logged without any client identifier and answered with INTERNAL.
+It reads the caller's address and certificate only to turn them at once into opaque quota keys
+(``SourceQuota.keys``, never stored, forwarded or logged), and never crashes: an unexpected
+exception is logged without any client identifier and answered with INTERNAL.
 """
 
 # ruff: noqa: N802  (the RPC method names are fixed by the generated servicer)
@@ -39,7 +40,9 @@ class ShufflerServicer(deniable_pb2_grpc.ShufflerServicer):
         self, request: pb.SubmitReportsRequest | RawSubmit, context: Context
     ) -> pb.SubmitReportsResponse:
         """Validate and durably spool envelopes (``RawSubmit``: the server's interceptor kept the bytes)."""
-        return await self._call("SubmitReports", context, self._handlers.submit(request))
+        quota = self._handlers.quota
+        source = quota.keys(context) if quota is not None else ()
+        return await self._call("SubmitReports", context, self._handlers.submit(request, source))
 
     async def GetCampaign(self, request: pb.GetCampaignRequest, context: Context) -> pb.Campaign:
         """Relay one campaign."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from deniable.core.certs import DEV_ROLES, DevCerts, write_dev_certs
 from deniable.core.mqtt import BrokerAddress
 
 
@@ -71,3 +72,15 @@ def own_mqtt_broker(tmp_path: Path) -> Iterator[Callable[[], Any]]:
 def mqtt_prefix(request: pytest.FixtureRequest) -> str:
     """A topic prefix of this test's own, so tests sharing the broker never see each other."""
     return f"test/{abs(hash(request.node.nodeid)):x}/deniable/v1"
+
+
+@pytest.fixture(scope="session")
+def dev_certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
+    """One development CA for the session and a certificate per role (device included)."""
+    return write_dev_certs(tmp_path_factory.mktemp("certs"), roles=(*DEV_ROLES, "device"))
+
+
+@pytest.fixture(scope="session")
+def other_ca_certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
+    """Certificates with the same roles from an unrelated CA (a stranger's)."""
+    return write_dev_certs(tmp_path_factory.mktemp("other-certs"), roles=(*DEV_ROLES, "device"))

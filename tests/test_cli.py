@@ -42,9 +42,29 @@ def _wait_listening(port: int, proc: subprocess.Popen[str], timeout: float = 30)
 
 
 @pytest.fixture
-def services(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """``deniable aggregator serve`` and ``deniable shuffler serve`` as real subprocesses."""
-    agg_port, shuf_port = _free_port(), _free_port()
+def certs(tmp_path: Path) -> Path:
+    """Certificates made the way the README says: ``deniable certs dev``."""
+    made = _run("certs", "dev", "--out", str(tmp_path / "certs"))
+    assert made.returncode == 0, made.stderr
+    return tmp_path / "certs"
+
+
+def _tls(certs: Path, role: str) -> list[str]:
+    return [
+        "--tls-cert",
+        str(certs / f"{role}.pem"),
+        "--tls-key",
+        str(certs / f"{role}.key"),
+        "--tls-ca",
+        str(certs / "ca.pem"),
+    ]
+
+
+@pytest.fixture
+def services(tmp_path: Path, certs: Path) -> Iterator[tuple[str, str]]:
+    """``deniable aggregator serve`` and ``deniable shuffler serve`` as real subprocesses, with TLS;
+    yields the aggregator's address and the shuffler's operator (mutual-TLS) address."""
+    agg_port, shuf_port, op_port = _free_port(), _free_port(), _free_port()
     agg = subprocess.Popen(
         [
             *CLI,
@@ -54,6 +74,7 @@ def services(tmp_path: Path) -> Iterator[tuple[str, str]]:
             str(tmp_path / "agg"),
             "--listen",
             f"127.0.0.1:{agg_port}",
+            *_tls(certs, "aggregator"),
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -69,6 +90,9 @@ def services(tmp_path: Path) -> Iterator[tuple[str, str]]:
             f"127.0.0.1:{shuf_port}",
             "--upstream",
             f"127.0.0.1:{agg_port}",
+            "--operator-listen",
+            f"127.0.0.1:{op_port}",
+            *_tls(certs, "shuffler"),
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -76,7 +100,8 @@ def services(tmp_path: Path) -> Iterator[tuple[str, str]]:
     try:
         _wait_listening(agg_port, agg)
         _wait_listening(shuf_port, shuf)
-        yield f"127.0.0.1:{agg_port}", f"127.0.0.1:{shuf_port}"
+        _wait_listening(op_port, shuf)
+        yield f"127.0.0.1:{agg_port}", f"127.0.0.1:{op_port}"
     finally:
         for proc in (shuf, agg):
             if proc.poll() is None:
@@ -104,8 +129,9 @@ def test_demo_json_has_the_documented_shape(tmp_path: Path) -> None:
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_operator_commands_against_served_processes(services: tuple[str, str]) -> None:
+def test_operator_commands_against_served_processes(services: tuple[str, str], certs: Path) -> None:
     aggregator, shuffler = services
+    operator = _tls(certs, "operator")
     created = _run(
         "campaign",
         "create",
@@ -124,46 +150,75 @@ def test_operator_commands_against_served_processes(services: tuple[str, str]) -
         "--n-min",
         "1",
         "--json",
+        *operator,
     )
     assert created.returncode == 0, created.stderr
     assert json.loads(created.stdout)["labels"] == ["en", "es", "de"]
-    listed = _run("campaign", "list", "--aggregator", aggregator, "--json")
+    listed = _run("campaign", "list", "--aggregator", aggregator, "--json", *operator)
     assert [c["id"] for c in json.loads(listed.stdout)] == ["lang"]
-    flushed = _run("shuffler", "flush", "--shuffler", shuffler)
+    flushed = _run("shuffler", "flush", "--shuffler", shuffler, *operator)
     assert flushed.returncode == 0, flushed.stderr
     windowed = _run(
         "campaign", "create", "--aggregator", aggregator, "--id", "win", "--question", "Q?",
         "--kind", "binary", "--epsilon0", "1", "--n-min", "5", "--batch-target", "20",
-        "--window", "2h", "--json",
+        "--window", "2h", "--json", *operator,
     )  # fmt: skip
     assert windowed.returncode == 0, windowed.stderr
     made = json.loads(windowed.stdout)
     assert made["batch_target"] == 20 and made["window_end_unix"] > 0 and not made["closed"]
-    closed = _run("campaign", "close", "win", "--aggregator", aggregator, "--shuffler", shuffler)
+    closed = _run("campaign", "close", "win", "--aggregator", aggregator, "--shuffler", shuffler, *operator)
     assert closed.returncode == 0, closed.stderr
     assert "closed win" in closed.stdout
-    listed = _run("campaign", "list", "--aggregator", aggregator, "--json")
+    listed = _run("campaign", "list", "--aggregator", aggregator, "--json", *operator)
     assert {c["id"]: c["closed"] for c in json.loads(listed.stdout)} == {"lang": False, "win": True}
     below = _run(
         "shuffler", "flush", "--shuffler", shuffler, "--aggregator", aggregator, "--campaign", "win",
-        "--below-n-min",
+        "--below-n-min", *operator,
     )  # fmt: skip
     assert below.returncode == 0, below.stderr
     assert "recorded at the aggregator" in below.stdout
-    answer_win = _run("query", "binary-sum", "win", "--aggregator", aggregator, "--json")
+    answer_win = _run("query", "binary-sum", "win", "--aggregator", aggregator, "--json", *operator)
     assert json.loads(answer_win.stdout)["below_n_min_authorised"] is True
     bad = _run("campaign", "create", "--aggregator", aggregator, "--id", "x", "--question", "Q?",
-               "--kind", "binary", "--epsilon0", "1", "--window", "soon")  # fmt: skip
+               "--kind", "binary", "--epsilon0", "1", "--window", "soon", *operator)  # fmt: skip
     assert bad.returncode == 2 and "--window" in bad.stderr
-    answer = _run("query", "histogram", "lang", "--aggregator", aggregator, "--json")
+    answer = _run("query", "histogram", "lang", "--aggregator", aggregator, "--json", *operator)
     assert answer.returncode == 0, answer.stderr
     data = json.loads(answer.stdout)
     assert data["n"] == 0 and [b["label"] for b in data["buckets"]] == ["en", "es", "de"]
-    missing = _run("query", "binary-sum", "nope", "--aggregator", aggregator)
+    missing = _run("query", "binary-sum", "nope", "--aggregator", aggregator, *operator)
     assert missing.returncode == 1
     assert "NOT_FOUND" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
-    keys = _run("keys", "show", "--aggregator", aggregator, "--json")
+    keys = _run("keys", "show", "--aggregator", aggregator, "--json", *operator)
     assert keys.returncode == 0 and len(bytes.fromhex(json.loads(keys.stdout)[0]["public_key"])) == 32
+    shuffler_cert = [*_tls(certs, "shuffler")]  # a valid certificate, but not the operator's role
+    refused = _run("campaign", "list", "--aggregator", aggregator, *shuffler_cert)
+    assert refused.returncode == 0  # the shuffler role may read campaigns (it relays them) ...
+    refused = _run("query", "histogram", "lang", "--aggregator", aggregator, *shuffler_cert)
+    assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr  # ... but not query
+    no_cert = _run(
+        "query", "histogram", "lang", "--aggregator", aggregator, "--tls-ca", str(certs / "ca.pem")
+    )
+    assert no_cert.returncode == 1 and len(no_cert.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["campaign", "list"],
+        ["query", "histogram", "x"],
+        ["keys", "show"],
+        ["shuffler", "flush"],
+        ["aggregator", "serve", "--data-dir", "unused"],
+        ["shuffler", "serve", "--data-dir", "unused"],
+    ],
+)
+def test_without_tls_or_insecure_every_command_is_a_one_line_error(command: list[str]) -> None:
+    """Plaintext is never a default: neither TLS files nor --insecure is a configuration error."""
+    result = _run(*command, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--insecure" in lines[0], result.stderr
 
 
 def test_port_taken_is_a_one_line_configuration_error(tmp_path: Path) -> None:
@@ -172,7 +227,14 @@ def test_port_taken_is_a_one_line_configuration_error(tmp_path: Path) -> None:
         holder.listen()
         port = holder.getsockname()[1]
         result = _run(
-            "aggregator", "serve", "--data-dir", str(tmp_path), "--listen", f"127.0.0.1:{port}", timeout=60
+            "aggregator",
+            "serve",
+            "--insecure",
+            "--data-dir",
+            str(tmp_path),
+            "--listen",
+            f"127.0.0.1:{port}",
+            timeout=60,
         )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -185,7 +247,14 @@ def test_unusable_data_dir_is_a_configuration_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     for service in ("aggregator", "shuffler"):
         result = _run(
-            service, "serve", "--data-dir", str(blocker / "data"), "--listen", "127.0.0.1:0", timeout=60
+            service,
+            "serve",
+            "--insecure",
+            "--data-dir",
+            str(blocker / "data"),
+            "--listen",
+            "127.0.0.1:0",
+            timeout=60,
         )
         assert result.returncode == 2, (service, result.stderr)
         lines = result.stderr.strip().splitlines()
@@ -206,7 +275,7 @@ def test_bad_arguments_exit_with_usage() -> None:
 def test_demo_over_an_mqtt_broker(tmp_path: Path, mqtt_broker: BrokerAddress, mqtt_prefix: str) -> None:
     out = tmp_path / "out.json"
     argv = ["demo", "--devices", "600", "--json", str(out), "--no-progress"]
-    assert main([*argv, "--mqtt", str(mqtt_broker), "--mqtt-prefix", mqtt_prefix]) == 0
+    assert main([*argv, "--mqtt", str(mqtt_broker), "--mqtt-prefix", mqtt_prefix, "--mqtt-insecure"]) == 0
     report = json.loads(out.read_text())
     assert [c["n"] for c in report["campaigns"]] == [600, 600]
 
@@ -223,7 +292,15 @@ def test_bad_mqtt_options_are_one_line_configuration_errors(
     tmp_path: Path, options: list[str], words: str
 ) -> None:
     result = _run(
-        "shuffler", "serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0", *options, timeout=60
+        "shuffler",
+        "serve",
+        "--insecure",
+        "--data-dir",
+        str(tmp_path),
+        "--listen",
+        "127.0.0.1:0",
+        *options,
+        timeout=60,
     )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -128,10 +128,19 @@ def _free_port() -> int:
 
 @pytest.fixture
 def aggregator(tmp_path: Path) -> Iterator[str]:
-    """``deniable aggregator serve`` as a subprocess."""
+    """``deniable aggregator serve`` as a subprocess (plaintext by name: these tests are about planning)."""
     port = _free_port()
     proc = subprocess.Popen(
-        [*CLI, "aggregator", "serve", "--data-dir", str(tmp_path / "agg"), "--listen", f"127.0.0.1:{port}"],
+        [
+            *CLI,
+            "aggregator",
+            "serve",
+            "--insecure",
+            "--data-dir",
+            str(tmp_path / "agg"),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -151,7 +160,8 @@ def aggregator(tmp_path: Path) -> Iterator[str]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, check=False)
+    remote = ("--insecure",) if args and args[0] in ("campaign", "query", "keys") else ()
+    return subprocess.run([*CLI, *args, *remote], capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_planned_campaign_and_post_processed_query(aggregator: str) -> None:

@@ -54,6 +54,19 @@ def test_k8s_container_arguments_parse_with_the_cli() -> None:
         assert container["volumeMounts"][0]["mountPath"] == str(args.data_dir)
 
 
+def test_every_service_and_command_uses_tls() -> None:
+    """No deployment file runs plaintext: TLS files everywhere, never --insecure."""
+    commands = [c["command"] for c in compose()["services"].values() if "command" in c]
+    commands += [c["args"] for c in k8s_containers()]
+    for argv in commands:
+        if argv[0] not in ("aggregator", "shuffler", "campaign", "query", "keys"):
+            continue
+        args = parses(argv)
+        assert not args.insecure and args.tls_ca is not None, argv
+        if argv[1] == "serve":
+            assert args.tls_cert is not None and args.tls_key is not None, argv
+
+
 def test_compose_wiring_agrees() -> None:
     services = compose()["services"]
     shuffler = parses(services["shuffler"]["command"])

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from deniable.core.accounting._binomial import FloatArray, IntArray, log_pmf
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 # Bernstein: mass of Bin(M, r) beyond mean +- t is <= 2 exp(-t^2 / (2 (var + t/3))) = 2 e^-40.
 _LOG_TAIL = 40.0

@@ -8,18 +8,26 @@ swamp the cancellations in a hockey-stick divergence; Loader's saddle-point form
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+if TYPE_CHECKING:
+    FloatArray = npt.NDArray[np.float64]
+    IntArray = npt.NDArray[np.int64]
+else:  # annotations are not evaluated at run time; the names stay importable without numpy
+    FloatArray = IntArray = object
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 # stirlerr(k) = ln k! - (k + 1/2) ln k + k - ln sqrt(2 pi) for k = 1..15, from math.lgamma.
-_SMALL_STIRLERR = np.array(
-    [0.0] + [math.lgamma(k + 1) - (k + 0.5) * math.log(k) + k - _HALF_LOG_2PI for k in range(1, 16)]
-)
+_SMALL_STIRLERR = [0.0] + [
+    math.lgamma(k + 1) - (k + 0.5) * math.log(k) + k - _HALF_LOG_2PI for k in range(1, 16)
+]
 
 
 def _stirlerr(k: FloatArray) -> FloatArray:
@@ -28,7 +36,7 @@ def _stirlerr(k: FloatArray) -> FloatArray:
     inv = 1.0 / safe
     inv2 = inv * inv
     series = inv * (1 / 12 - inv2 * (1 / 360 - inv2 * (1 / 1260 - inv2 * (1 / 1680 - inv2 * (1 / 1188)))))
-    table = _SMALL_STIRLERR[np.clip(safe, 0, 15).astype(np.int64)]
+    table = np.asarray(_SMALL_STIRLERR)[np.clip(safe, 0, 15).astype(np.int64)]
     return np.where(safe <= 15, table, series)
 
 

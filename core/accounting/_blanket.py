@@ -24,8 +24,7 @@ Swapping x0 and x1 maps one direction to the other, so one direction suffices.
 from __future__ import annotations
 
 import math
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from deniable.core.accounting._binomial import (
     FloatArray,
@@ -34,6 +33,11 @@ from deniable.core.accounting._binomial import (
     log_pmf,
     pmf,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 _LOG_TAIL = 40.0  # Chernoff windows: dropped binomial mass below e^-40 ~ 4e-18 per window (added)
 _ROWS = 128  # values of t per vectorised chunk

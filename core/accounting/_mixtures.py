@@ -10,10 +10,14 @@ x -> c+1-x maps P_c to Q_c, so D(P_c||Q_c) = D(Q_c||P_c): one direction suffices
 from __future__ import annotations
 
 import math
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from deniable.core.accounting._binomial import FloatArray, IntArray, chernoff_window, pmf, pmf_run
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 # F_c(y) is carried from c to c+1 by F_{c+1}(y) = F_c(y) - B_c(y)/2 and
 # F_{c+1}(y+1) = F_{c+1}(y) + B_{c+1}(y+1); every _BLOCK steps it is recomputed by direct summation.

@@ -13,12 +13,20 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
+
 
 # Largest epsilon0 the planner proposes (the aggregator refuses campaigns above it).
 MAX_PLANNED_EPSILON0: Final = 20.0
+MAX_N: Final = 10**9
+"""Largest shuffle (reports per batch) the planner and the accountant accept: bounded cost and memory."""
+MAX_DOMAIN: Final = 4096
+"""Largest domain they accept (a campaign has at most this many labels)."""
 # The search stops when its bracket [feasible, infeasible] is narrower than this, relative.
 RELATIVE_TOLERANCE: Final = 1e-4
 # How far below the target the search looks for a feasible epsilon0 before giving up.

@@ -18,13 +18,16 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
-from typing import Final
-
-import numpy as np
+from typing import TYPE_CHECKING, Final
 
 from deniable.core.accounting._binomial import chernoff_window, kl_bernoulli, pmf_run
 from deniable.core.accounting.analyses import BinaryRRExact, NotApplicable, search_epsilon
 from deniable.core.accounting.shuffle import AmplificationBound
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 GRID_BITS: Final = 52  # noise probabilities are multiples of 2**-52: exact as doubles in params
 GRID: Final = 1 << GRID_BITS

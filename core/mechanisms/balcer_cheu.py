@@ -16,8 +16,7 @@ import functools
 import itertools
 from collections.abc import Sequence
 from fractions import Fraction
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from deniable.core.accounting._binomial import FloatArray, chernoff_window, pmf_run
 from deniable.core.accounting.protocols import (
@@ -41,6 +40,11 @@ from deniable.core.mechanisms.sample_threshold import (
 )
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 MAX_BUCKETS = 4096
 MAX_EXACT_BUCKETS = 12  # output_distribution enumerates 2**d noise patterns

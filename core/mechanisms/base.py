@@ -17,17 +17,23 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-import numpy.typing as npt
-
 from deniable.core.mechanisms.exact import z_score
 from deniable.core.rng import Csprng
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
+
+if TYPE_CHECKING:
     from deniable.core.accounting import AmplificationBound
 
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
+    IntArray = npt.NDArray[np.int64]
+    FloatArray = npt.NDArray[np.float64]
+else:  # annotations are not evaluated at run time; the names stay importable without numpy
+    IntArray = FloatArray = object
 
 
 class PayloadOutOfDomain(ValueError):
@@ -160,6 +166,11 @@ class LocalRandomiser(ABC):
     def parameters(self) -> dict[str, float]:
         """Parameters beyond epsilon0 and the domain, as stored in ``Campaign.params``."""
         return {}
+
+    def fake_payloads(self) -> list[bytes] | None:
+        """Every well-formed payload an attacker could send (for the poisoning bound,
+        ``core.mechanisms.manipulation``), or None where the set is too large to enumerate."""
+        return None
 
     @abstractmethod
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:

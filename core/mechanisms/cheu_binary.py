@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fractions import Fraction
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from deniable.core.accounting.protocols import (
     GRID,
@@ -30,6 +29,11 @@ from deniable.core.mechanisms.direct import DirectEncoding
 from deniable.core.mechanisms.sample_threshold import DEFAULT_DELTA, int_param, pack_many, probability_param
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 _DRAW_BITS = GRID_BITS + 1  # flip iff a uniform 53-bit draw < g: probability g / 2**53 = gamma / 2
 

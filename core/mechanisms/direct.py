@@ -13,10 +13,7 @@ import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Final
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Final
 
 from deniable.core.mechanisms.base import (
     Estimate,
@@ -30,6 +27,13 @@ from deniable.core.mechanisms.base import (
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
 
 _OTHER_WEIGHT = 1 << 40
 _MAX_VECTOR_WEIGHT: Final = 1 << 62  # randbelow_array's limit; larger totals take the scalar path
@@ -66,6 +70,10 @@ class DirectEncoding(LocalRandomiser):
         width = self.payload_length
         raw = chosen.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - width :].tobytes()
         return [raw[i : i + width] for i in range(0, len(raw), width)]
+
+    def fake_payloads(self) -> list[bytes]:
+        """The k payloads (one per output value): a fake report can only be one of them."""
+        return list(self._payload_table)
 
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:
         self.check_value(value)

@@ -14,9 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from deniable.core.mechanisms.base import (
     Estimate,
@@ -31,6 +29,13 @@ from deniable.core.mechanisms.base import (
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
 
 MAX_DOMAIN = (1 << 24) - 1  # K <= 2**24 count cells
 MAX_EXACT_OUTPUTS = 1 << 16  # output_distribution enumerates K payloads

@@ -23,9 +23,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import ClassVar
-
-import numpy as np
+from typing import TYPE_CHECKING, ClassVar
 
 from deniable.core.accounting.protocols import (
     GRID,
@@ -47,6 +45,11 @@ from deniable.core.mechanisms.sample_threshold import (
 )
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 PRESENCE, SHARE = 0, 1  # message tags
 MAX_MODULUS = 1 << 40  # per-batch share sums (< q) add up in 64-bit count cells

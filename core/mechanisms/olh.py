@@ -16,9 +16,7 @@ import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from deniable.core.mechanisms.base import (
     Estimate,
@@ -33,6 +31,13 @@ from deniable.core.mechanisms.base import (
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
 
 OTHER_WEIGHT = 1 << 40  # weight of each non-kept bucket in the k-ary RR step (as grr)
 MAX_BUCKETS = 1 << 16  # g: the bucket fits in two bytes
@@ -165,8 +170,16 @@ class GaloisField:
         if self.k > 1:
             exp, log = _exp_log_tables(self.p, self.k)
             self._exp, self._log = exp, log
-            self._exp_array = np.array(exp, dtype=np.int64)
-            self._log_array = np.array(log, dtype=np.int64)
+
+    @functools.cached_property
+    def _exp_array(self) -> IntArray:
+        """The exponent table for the vectorised paths (built on first use, not on the device)."""
+        return np.array(self._exp, dtype=np.int64)
+
+    @functools.cached_property
+    def _log_array(self) -> IntArray:
+        """The logarithm table for the vectorised paths (built on first use, not on the device)."""
+        return np.array(self._log, dtype=np.int64)
 
     def add(self, a: int, b: int) -> int:
         """a + b in GF(q)."""

@@ -16,10 +16,7 @@ import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Final
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Final
 
 from deniable.core.accounting._binomial import log_pmf
 from deniable.core.accounting.protocols import (
@@ -38,6 +35,13 @@ from deniable.core.mechanisms.base import (
 from deniable.core.mechanisms.exact import z_score
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
 
 DEFAULT_DELTA = 1e-6  # as the aggregator's default campaign delta
 MAX_THRESHOLD = 10_000

@@ -37,14 +37,19 @@ import numbers
 import operator
 from collections.abc import Sequence
 from fractions import Fraction
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.mechanisms.unary import SCALE, BitmapOracle
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
 
 
 def default_subset_size(epsilon0: float, domain_size: int) -> int:
@@ -103,12 +108,16 @@ class SubsetSelection(BitmapOracle):
         v, others, omega = operator.index(value), self.domain_size - 1, self.subset_size
         include = int(source.randbits(PROBABILITY_BITS) < self.include_threshold)
         moved: dict[int, int] = {}  # sparse partial Fisher-Yates over the d - 1 other slots
-        picks = np.empty(omega, dtype=np.int64)
+        picks = [0] * omega
         for j in range(omega):
             r = j + source.randbelow(others - j)
             picks[j] = moved.get(r, r)
             moved[r] = moved.get(j, j)
-        return self._payloads(self._members(picks.reshape(1, omega), np.array([v]), np.array([include])))[0]
+        # As ``_members`` in pure Python (no numpy on the device): slots mapped past v, the last
+        # one swapped for v when included, by arithmetic selection.
+        chosen = [pick + int(pick >= v) for pick in picks]
+        chosen[-1] = include * v + (1 - include) * chosen[-1]
+        return self._bitmap(chosen)
 
     def _members(
         self, picks: npt.NDArray[np.int64], values: npt.NDArray[np.int64], include: npt.NDArray[np.int64]

@@ -21,16 +21,15 @@ Var = n q* (1 - q*) / (p* - q*)**2 + x_j (1 - p* - q*) / (p* - q*) (zero second 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
+import struct
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
-from typing import Final
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Final
 
 from deniable.core.mechanisms.base import (
     Estimate,
@@ -44,6 +43,13 @@ from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    from deniable.core.lazy import numpy as np
+    from deniable.core.lazy import numpy_typing as npt
+
 SCALE: Final = 1 << PROBABILITY_BITS  # thresholds are integers over 2**64
 MAX_DOMAIN: Final = 1 << 16  # d-bit payloads: at most 8 KiB
 MAX_EXACT_DOMAIN: Final = 12  # output_distribution enumerates up to 2**12 outputs
@@ -51,8 +57,12 @@ _CHUNK_ELEMENTS: Final = 1 << 22  # rows x bits processed at once by the vectori
 _LOW_BITS: Final = PROBABILITY_BITS - 8  # randomise_many reads a 64-bit draw as top byte + 56 low bits
 _LOW_MASK: Final = (1 << _LOW_BITS) - 1
 
-BoolMatrix = npt.NDArray[np.bool_]
-Uint64Array = npt.NDArray[np.uint64]
+if TYPE_CHECKING:
+    BoolMatrix = npt.NDArray[np.bool_]
+    Uint64Array = npt.NDArray[np.uint64]
+
+
+FAKE_ENUMERATION_MAX_DOMAIN: Final = 12
 
 
 class BitmapOracle(LocalRandomiser):
@@ -65,7 +75,11 @@ class BitmapOracle(LocalRandomiser):
         super().__init__(epsilon0, domain_size)
         if self.domain_size > MAX_DOMAIN:
             raise ValueError(f"{self.name} supports at most {MAX_DOMAIN} categories (d-bit payloads)")
-        self._positions = np.arange(self.domain_size, dtype=np.int64)
+
+    @functools.cached_property
+    def _positions(self) -> IntArray:
+        """0..d-1 for the vectorised paths (built on first use: the device path needs no numpy)."""
+        return np.arange(self.domain_size, dtype=np.int64)
 
     def _set_support(self, true: Fraction, other: Fraction) -> None:
         """Record p*, q* and the float coefficients of the estimator and its variance."""
@@ -113,6 +127,12 @@ class BitmapOracle(LocalRandomiser):
         """Extra validity of decoded bit rows (every bit pattern is valid by default)."""
         return np.ones(bits.shape[0], dtype=np.bool_)
 
+    def fake_payloads(self) -> list[bytes] | None:
+        """Every bit pattern the oracle can emit, for domains of at most 12 buckets (4096 patterns)."""
+        if self.domain_size > FAKE_ENUMERATION_MAX_DOMAIN:
+            return None
+        return sorted({p for v in range(self.domain_size) for p in self.output_distribution(v)})
+
     def tally(self, payloads: Sequence[bytes]) -> Tally:
         width, d = self.payload_length, self.domain_size
         n = len(payloads)
@@ -154,11 +174,32 @@ class UnaryEncoding(BitmapOracle):
         if not 0 < others <= own < SCALE:
             raise ValueError("thresholds must satisfy 0 < Z <= A < 2**64")
         self.own_threshold, self.other_threshold = own, others
-        self._base = np.uint64(others)
-        self._step = np.uint64(own - others)
-        self._own_top, self._other_top = np.uint8(own >> _LOW_BITS), np.uint8(others >> _LOW_BITS)
-        self._own_low, self._other_low = np.uint64(own & _LOW_MASK), np.uint64(others & _LOW_MASK)
         self._set_support(Fraction(own, SCALE), Fraction(others, SCALE))
+
+    # numpy scalars of the thresholds for the vectorised paths, made on first use (not on devices)
+    @functools.cached_property
+    def _base(self) -> np.uint64:
+        return np.uint64(self.other_threshold)
+
+    @functools.cached_property
+    def _step(self) -> np.uint64:
+        return np.uint64(self.own_threshold - self.other_threshold)
+
+    @functools.cached_property
+    def _own_top(self) -> np.uint8:
+        return np.uint8(self.own_threshold >> _LOW_BITS)
+
+    @functools.cached_property
+    def _other_top(self) -> np.uint8:
+        return np.uint8(self.other_threshold >> _LOW_BITS)
+
+    @functools.cached_property
+    def _own_low(self) -> np.uint64:
+        return np.uint64(self.own_threshold & _LOW_MASK)
+
+    @functools.cached_property
+    def _other_low(self) -> np.uint64:
+        return np.uint64(self.other_threshold & _LOW_MASK)
 
     @staticmethod
     @abstractmethod
@@ -172,10 +213,16 @@ class UnaryEncoding(BitmapOracle):
         return bits
 
     def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
+        """Pure Python (the device needs no numpy); same draws and bits as ``_bits``: bit j is
+        draw_j < Z + [j == v] (A - Z), the threshold picked arithmetically for every j."""
         self.check_value(value)
-        d = self.domain_size
-        draws = (rng or default_rng()).uint64_array(d).reshape(1, d)
-        return self._payloads(self._bits(draws, np.array([operator.index(value)], dtype=np.int64)))[0]
+        v, step, base = operator.index(value), self.own_threshold - self.other_threshold, self.other_threshold
+        raw = (rng or default_rng()).bytes(8 * self.domain_size)
+        word = 0
+        for j, (draw,) in enumerate(struct.iter_unpack("<Q", raw)):
+            word = (word << 1) | int(draw < base + int(j == v) * step)
+        spare = 8 * self.payload_length - self.domain_size
+        return (word << spare).to_bytes(self.payload_length, "big")
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
         """Simulation path, same law as ``randomise`` at about 1/8 of the randomness (``_lazy_bits``)."""

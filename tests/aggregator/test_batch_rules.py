@@ -32,7 +32,11 @@ class Clock:
 
 @pytest.fixture
 async def running(tmp_path: Path) -> AsyncIterator[RunningAggregator]:
-    aggregator = await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
+    aggregator = await start_aggregator(
+        AggregatorConfig(
+            data_dir=tmp_path / "agg", listen="127.0.0.1:0", insecure=True
+        )  # about n_min, not TLS
+    )
     yield aggregator
     await aggregator.stop(grace=1.0)
 

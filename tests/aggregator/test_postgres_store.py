@@ -135,7 +135,9 @@ def test_dsn_description_hides_the_password() -> None:
 )
 async def test_unusable_store_stops_startup_in_one_line(tmp_path: Path, dsn: str, expected: str) -> None:
     with pytest.raises(ConfigurationError) as err:
-        await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", store=dsn))
+        await start_aggregator(
+            AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", store=dsn)
+        )
     message = str(err.value)
     assert expected in message and "\n" not in message and "s3cret" not in message, message
 
@@ -150,7 +152,17 @@ async def test_missing_database_is_a_configuration_error(postgres_dsn: str) -> N
 def test_cli_serve_with_unreachable_store_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dsn = f"postgresql://agg:s3cret@127.0.0.1:{_closed_port()}/counts"
     code = main(
-        ["aggregator", "serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0", "--store", dsn]
+        [
+            "aggregator",
+            "serve",
+            "--insecure",
+            "--data-dir",
+            str(tmp_path),
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            dsn,
+        ]
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
@@ -168,7 +180,7 @@ async def test_open_store_default_is_sqlite_in_the_data_dir(tmp_path: Path) -> N
 
 async def test_service_runs_on_postgres(tmp_path: Path, postgres_dsn: str, kit: Kit) -> None:
     running = await start_aggregator(
-        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", store=postgres_dsn)
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", store=postgres_dsn)
     )
     try:
         assert isinstance(running.store, PostgresAggregatorStore)

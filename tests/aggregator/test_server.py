@@ -35,7 +35,9 @@ LIMIT = 64 * 1024
 async def running(tmp_path: Path) -> AsyncIterator[RunningAggregator]:
     """An aggregator on a free loopback port with a 64 KiB receive limit."""
     aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", max_message_bytes=LIMIT)
+        AggregatorConfig(
+            insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", max_message_bytes=LIMIT
+        )
     )
     yield aggregator
     await aggregator.stop(grace=1.0)
@@ -165,7 +167,9 @@ async def test_health_reports_serving(channel: grpc.aio.Channel) -> None:
 
 async def test_port_already_taken(running: RunningAggregator, tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError) as err:
-        await start_aggregator(AggregatorConfig(data_dir=tmp_path / "second", listen=running.address))
+        await start_aggregator(
+            AggregatorConfig(insecure=True, data_dir=tmp_path / "second", listen=running.address)
+        )
     assert "\n" not in str(err.value)
 
 
@@ -175,18 +179,22 @@ async def test_port_taken_by_another_socket(tmp_path: Path) -> None:
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(ConfigurationError):
-            await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen=f"127.0.0.1:{port}"))
+            await start_aggregator(
+                AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen=f"127.0.0.1:{port}")
+            )
 
 
 async def test_unusable_data_dir(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(ConfigurationError, match="not writable"):
-        await start_aggregator(AggregatorConfig(data_dir=blocker / "agg", listen="127.0.0.1:0"))
+        await start_aggregator(
+            AggregatorConfig(insecure=True, data_dir=blocker / "agg", listen="127.0.0.1:0")
+        )
 
 
 async def test_unsafe_key_stops_startup(tmp_path: Path) -> None:
-    config = AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    config = AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
     await (await start_aggregator(config)).stop()
     (config.data_dir / "keys" / "1.key").chmod(0o640)
     with pytest.raises(ConfigurationError, match="chmod 600"):
@@ -198,7 +206,7 @@ async def test_metrics_endpoint(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         free = sock.getsockname()[1]
     aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", metrics_port=free)
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", metrics_port=free)
     )
     try:
         assert aggregator.metrics_port == free
@@ -210,7 +218,7 @@ async def test_metrics_endpoint(tmp_path: Path) -> None:
 
 
 async def test_sigterm_stops_gracefully_and_store_is_consistent(tmp_path: Path, kit: Kit) -> None:
-    config = AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    config = AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
     started: asyncio.Future[RunningAggregator] = asyncio.get_running_loop().create_future()
     serving = asyncio.create_task(serve_aggregator(config, on_started=started.set_result))
     aggregator = await asyncio.wait_for(started, 10)
@@ -255,7 +263,9 @@ async def test_sigterm_stops_gracefully_and_store_is_consistent(tmp_path: Path, 
 
 
 async def test_abrupt_stop_mid_ingest_leaves_whole_batches(tmp_path: Path, kit: Kit) -> None:
-    config = AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", decrypt_workers=2)
+    config = AggregatorConfig(
+        insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", decrypt_workers=2
+    )
     aggregator = await start_aggregator(config)
     async with insecure_channel(aggregator.address) as chan:
         stub = pb_grpc.AggregatorStub(chan)

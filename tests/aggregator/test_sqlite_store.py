@@ -34,5 +34,5 @@ async def test_corrupt_database_stops_startup(tmp_path: Path) -> None:
     data_dir.mkdir()
     (data_dir / DATABASE_FILE).write_bytes(b"this is not a database" * 100)
     with pytest.raises(ConfigurationError) as err:
-        await start_aggregator(AggregatorConfig(data_dir=data_dir, listen="127.0.0.1:0"))
+        await start_aggregator(AggregatorConfig(insecure=True, data_dir=data_dir, listen="127.0.0.1:0"))
     assert "\n" not in str(err.value)

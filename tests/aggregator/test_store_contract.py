@@ -83,6 +83,15 @@ async def test_campaign_round_trip_and_listing(store: AggregatorStore) -> None:
     assert [c.id for c in await store.list_campaigns()] == ["c1", "c2"]
 
 
+async def test_ping_answers_while_open_and_raises_once_closed(open_store: StoreOpener) -> None:
+    """Health reads ``ping``: it must answer while the store works and fail when it cannot."""
+    store = await open_store()
+    await store.ping()
+    await store.close()
+    with pytest.raises(Exception):  # noqa: B017 - any error means "unreachable" to health
+        await store.ping()
+
+
 async def test_duplicate_campaign_id_is_refused(store: AggregatorStore) -> None:
     await store.create_campaign(campaign("c1"))
     changed = campaign("c1")

@@ -62,7 +62,7 @@ async def test_unavailable_twice_then_accepted(
     servicer, address = shuffler
     campaign = make_campaign()
     servicer.campaigns[campaign.id] = campaign
-    transport = GrpcTransport(address, timeout_s=5.0)
+    transport = GrpcTransport(address, timeout_s=5.0, insecure=True)
     try:
         reporter = await Reporter.fetch(campaign.id, transport, outbox, sleep=sleeps)
         for value in range(5):
@@ -99,7 +99,7 @@ PERMANENT = [
 
 async def test_status_mapping(shuffler: tuple[FlakyShuffler, str]) -> None:
     servicer, address = shuffler
-    transport = GrpcTransport(address)
+    transport = GrpcTransport(address, insecure=True)
     try:
         for code in RETRYABLE + PERMANENT:
             servicer.failures, servicer.code = 1, code
@@ -119,7 +119,7 @@ async def test_non_retryable_status_is_raised_by_send(
 ) -> None:
     servicer, address = shuffler
     campaign = make_campaign()
-    transport = GrpcTransport(address)
+    transport = GrpcTransport(address, insecure=True)
     try:
         reporter = Reporter(campaign, outbox, transport, sleep=sleeps)
         reporter.record(1)
@@ -136,7 +136,7 @@ async def test_unreachable_shuffler_is_retryable(make_campaign: Any, outbox: Out
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     campaign = make_campaign()
-    transport = GrpcTransport(f"127.0.0.1:{port}", timeout_s=2.0)
+    transport = GrpcTransport(f"127.0.0.1:{port}", timeout_s=2.0, insecure=True)
     try:
         reporter = Reporter(campaign, outbox, transport, sleep=sleeps)
         reporter.record(1)

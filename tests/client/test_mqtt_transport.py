@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +71,7 @@ async def responder(mqtt_broker: BrokerAddress, mqtt_prefix: str) -> AsyncIterat
 
 @pytest.fixture
 async def transport(mqtt_broker: BrokerAddress, mqtt_prefix: str) -> AsyncIterator[MqttTransport]:
-    link = MqttTransport(mqtt_broker, prefix=mqtt_prefix, timeout_s=5.0, campaign_wait_s=1.0)
+    link = MqttTransport(mqtt_broker, prefix=mqtt_prefix, timeout_s=5.0, campaign_wait_s=1.0, insecure=True)
     yield link
     await link.close()
 
@@ -121,7 +122,7 @@ async def test_status_codes_map_to_retryable_or_permanent(
 
 
 async def test_no_answer_is_a_retryable_timeout(mqtt_broker: BrokerAddress, mqtt_prefix: str) -> None:
-    transport = MqttTransport(mqtt_broker, prefix=mqtt_prefix, timeout_s=0.3)
+    transport = MqttTransport(mqtt_broker, prefix=mqtt_prefix, timeout_s=0.3, insecure=True)
     try:
         with pytest.raises(TransportError, match="no answer") as info:
             await transport.submit([pb.EncryptedReport(campaign_id="c", key_id=1, ciphertext=b"x")])
@@ -131,7 +132,7 @@ async def test_no_answer_is_a_retryable_timeout(mqtt_broker: BrokerAddress, mqtt
 
 
 async def test_unreachable_broker_is_retryable() -> None:
-    transport = MqttTransport("127.0.0.1:1", timeout_s=1.0)
+    transport = MqttTransport("127.0.0.1:1", timeout_s=1.0, insecure=True)
     with pytest.raises(TransportError, match="cannot reach the MQTT broker") as info:
         await transport.get_campaign("c1")
     assert info.value.retryable
@@ -155,7 +156,7 @@ async def test_the_transport_reconnects_after_the_broker_restarts(
 ) -> None:
     broker = own_mqtt_broker()
     campaign = make_campaign()
-    transport = MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0)
+    transport = MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, insecure=True)
 
     async def announce() -> None:
         async with aiomqtt.Client(broker.address.host, broker.address.port) as client:
@@ -210,3 +211,39 @@ async def test_both_ends_disable_nagle(
     sock = session.client._client.socket()
     assert isinstance(sock, socket.socket)
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+async def test_the_transport_verifies_the_broker_certificate(
+    own_mqtt_broker: Any, make_campaign: Any, dev_certs: Any, other_ca_certs: Any
+) -> None:
+    """Over a TLS listener: trusting our CA works; the system roots, another CA, or plaintext
+    (``insecure=True``) against it do not. Without ``ca`` or ``insecure`` the default verifies."""
+    broker = own_mqtt_broker()
+    broker.stop()
+    broker.config.write_text(  # user root: mosquitto keeps root to read the 0600 key (CI runs as root)
+        f"listener {broker.port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"
+        f"persistence false\nlog_dest stderr\nuser root\ncafile {dev_certs.ca}\n"
+        f"certfile {dev_certs.cert('shuffler')}\nkeyfile {dev_certs.key('shuffler')}\n"
+    )
+    broker.start()
+    campaign = make_campaign()
+    trusting = MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, ca=dev_certs.ca)
+    try:
+        async with aiomqtt.Client(
+            "127.0.0.1", broker.port, tls_context=ssl.create_default_context(cafile=str(dev_certs.ca))
+        ) as client:
+            topic = mqtt.campaign_topic(mqtt.DEFAULT_PREFIX, campaign.id)
+            await client.publish(topic, campaign.SerializeToString(), qos=1, retain=True)
+        assert (await trusting.get_campaign(campaign.id)).id == campaign.id
+    finally:
+        await trusting.close()
+    for others in (
+        MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0),
+        MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, ca=other_ca_certs.ca),
+        MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, insecure=True),
+    ):
+        try:
+            with pytest.raises(TransportError):
+                await others.get_campaign(campaign.id)
+        finally:
+            await others.close()

@@ -35,9 +35,13 @@ class Stack:
 
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    aggregator = await start_aggregator(AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
+    aggregator = await start_aggregator(
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    )
     shuffler = await start_shuffler(
-        ShufflerConfig(data_dir=tmp_path / "shuf", upstream=aggregator.address, listen="127.0.0.1:0")
+        ShufflerConfig(
+            insecure=True, data_dir=tmp_path / "shuf", upstream=aggregator.address, listen="127.0.0.1:0"
+        )
     )
     agg_channel = insecure_channel(aggregator.address)
     shuf_channel = insecure_channel(shuffler.address)
@@ -81,7 +85,7 @@ async def test_bad_reports_are_rejected_with_reasons_and_change_no_count(
     stack: Stack, tmp_path: Path
 ) -> None:
     campaign = stack.campaign
-    transport = GrpcTransport(stack.shuffler.address)
+    transport = GrpcTransport(stack.shuffler.address, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
     reporter = await Reporter.fetch(campaign.id, transport, outbox)
     reporter.record_many([0, 1, 2] * (HONEST // 3))

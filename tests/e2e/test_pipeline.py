@@ -61,6 +61,7 @@ async def test_devices_on_an_mqtt_broker_are_counted_like_grpc_ones(
         progress=False,
         mqtt_broker=mqtt_broker,
         mqtt_prefix=mqtt_prefix,
+        mqtt_insecure=True,  # a plaintext test broker; TLS to one: tests/client/test_mqtt_transport.py
     )
     inside = 0
     for campaign in campaigns:

@@ -154,6 +154,7 @@ async def start_upstream(fake: FakeAggregator | None = None) -> Upstream:
     fake = fake or FakeAggregator()
     server = service.new_server()
     deniable_pb2_grpc.add_AggregatorServicer_to_server(fake, server)
+    await service.add_health(server, "deniable.v1.Aggregator")  # the shuffler's health asks it
     port = service.bind(server, "127.0.0.1:0")
     await server.start()
     return Upstream(fake, server, f"127.0.0.1:{port}")
@@ -183,6 +184,8 @@ async def start(tmp_path: Path, upstream: Upstream) -> AsyncIterator[ShufflerFac
             "retry_base_s": 0.05,
             "retry_max_s": 0.2,
             "campaign_refresh_s": 0.5,
+            "insecure": True,  # tests of spool and batching; TLS: tests/e2e/test_trust_boundaries.py
+            "quota_per_source": 0,  # many reports from 127.0.0.1; quotas: tests/shuffler/test_quota.py
         }
         settings.update(overrides)
         shuffler = await start_shuffler(ShufflerConfig(**settings))

@@ -86,6 +86,7 @@ async def test_no_batch_below_the_target_without_flush_or_window_close(
         await asyncio.sleep(0.07)  # let the background loop (50 ms ticks) see every intermediate state
         if sent == 13:  # ≥ n_min held, no arrival for 0.5 s: the old quiet-period rule released here
             await asyncio.sleep(0.5)
+
     async def settled() -> bool:
         spool = (await shuffler.handlers.stats()).campaigns
         return all(c.pending < 20 and c.in_flight == 0 for c in spool)

@@ -183,7 +183,7 @@ _CHILD = textwrap.dedent(
     import asyncio, sys
     from pathlib import Path
     from deniable.shuffler.server import ShufflerConfig, serve_shuffler
-    asyncio.run(serve_shuffler(ShufflerConfig(
+    asyncio.run(serve_shuffler(ShufflerConfig(insecure=True,
         data_dir=Path(sys.argv[1]), upstream=sys.argv[2], listen=sys.argv[3], batch_interval_s=3600.0)))
     """
 )

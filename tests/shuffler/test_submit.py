@@ -233,7 +233,7 @@ async def test_unexpected_failure_is_internal_logged_without_peer_and_server_sur
     stub = channel_to(shuffler)
 
     def broken_disk(reports: object) -> None:
-        raise OSError("disk on fire")
+        raise RuntimeError("disk on fire")  # an OSError is now UNAVAILABLE (tests/shuffler/test_health.py)
 
     monkeypatch.setattr(shuffler.handlers.store, "append", broken_disk)
     with caplog.at_level("ERROR", logger="deniable"), pytest.raises(grpc.aio.AioRpcError) as err:

@@ -7,28 +7,28 @@ Devices talk to the Shuffler; the Shuffler talks to the Aggregator; operators ta
 The Shuffler sees only envelopes (campaign id, key id, ciphertext): never a plaintext, never a key.
 """
 
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-import builtins as _builtins
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.internal.enum_type_wrapper
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
 class _Mechanism:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
 
-class _MechanismEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Mechanism.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
+class _MechanismEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_Mechanism.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
     MECHANISM_UNSPECIFIED: _Mechanism.ValueType  # 0
     BINARY_RR: _Mechanism.ValueType  # 1
     """binary randomised response (Warner 1965)"""
@@ -83,14 +83,14 @@ SAMPLE_AND_THRESHOLD: Mechanism.ValueType  # 11
 """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
 MULTI_MESSAGE_SUM_BINOMIAL: Mechanism.ValueType  # 12
 """multi-message summation, Bernoulli shares (finite exact law)"""
-Global___Mechanism: _TypeAlias = Mechanism  # noqa: Y015
+Global___Mechanism: typing_extensions.TypeAlias = Mechanism
 
 class _DomainKind:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
 
-class _DomainKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DomainKind.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
+class _DomainKindEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_DomainKind.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
     DOMAIN_KIND_UNSPECIFIED: _DomainKind.ValueType  # 0
     BINARY: _DomainKind.ValueType  # 1
     """yes / no; labels are ["no", "yes"]"""
@@ -105,14 +105,14 @@ BINARY: DomainKind.ValueType  # 1
 """yes / no; labels are ["no", "yes"]"""
 CATEGORICAL: DomainKind.ValueType  # 2
 """one of k labelled categories"""
-Global___DomainKind: _TypeAlias = DomainKind  # noqa: Y015
+Global___DomainKind: typing_extensions.TypeAlias = DomainKind
 
 class _RejectReason:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
 
-class _RejectReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RejectReason.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
+class _RejectReasonEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_RejectReason.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
     REJECT_REASON_UNSPECIFIED: _RejectReason.ValueType  # 0
     WRONG_CIPHERTEXT_LENGTH: _RejectReason.ValueType  # 1
     UNKNOWN_CAMPAIGN: _RejectReason.ValueType  # 2
@@ -137,375 +137,338 @@ CAMPAIGN_MISMATCH: RejectReason.ValueType  # 6
 PAYLOAD_OUT_OF_DOMAIN: RejectReason.ValueType  # 7
 DUPLICATE_REPORT: RejectReason.ValueType  # 8
 CAMPAIGN_CLOSED: RejectReason.ValueType  # 9
-Global___RejectReason: _TypeAlias = RejectReason  # noqa: Y015
+Global___RejectReason: typing_extensions.TypeAlias = RejectReason
 
-@_typing.final
-class Campaign(_message.Message):
+@typing.final
+class Campaign(google.protobuf.message.Message):
     """A campaign: the unit of collection. Owned by the aggregator, relayed by the shuffler."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    @_typing.final
-    class ParamsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
+    @typing.final
+    class ParamsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.float
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.float
         def __init__(
             self,
             *,
-            key: _builtins.str = ...,
-            value: _builtins.float = ...,
+            key: builtins.str = ...,
+            value: builtins.float = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
-    ID_FIELD_NUMBER: _builtins.int
-    QUESTION_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
-    LABELS_FIELD_NUMBER: _builtins.int
-    MECHANISM_FIELD_NUMBER: _builtins.int
-    EPSILON0_FIELD_NUMBER: _builtins.int
-    DELTA_FIELD_NUMBER: _builtins.int
-    N_MIN_FIELD_NUMBER: _builtins.int
-    WINDOW_START_UNIX_FIELD_NUMBER: _builtins.int
-    WINDOW_END_UNIX_FIELD_NUMBER: _builtins.int
-    KEY_ID_FIELD_NUMBER: _builtins.int
-    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
-    HPKE_SUITE_FIELD_NUMBER: _builtins.int
-    PAYLOAD_LENGTH_FIELD_NUMBER: _builtins.int
-    PLAINTEXT_LENGTH_FIELD_NUMBER: _builtins.int
-    CIPHERTEXT_LENGTH_FIELD_NUMBER: _builtins.int
-    DEVICE_BUDGET_EPSILON_FIELD_NUMBER: _builtins.int
-    CREATED_UNIX_FIELD_NUMBER: _builtins.int
-    TARGET_EPSILON_FIELD_NUMBER: _builtins.int
-    EXPECTED_N_FIELD_NUMBER: _builtins.int
-    PARAMS_FIELD_NUMBER: _builtins.int
-    BATCH_TARGET_FIELD_NUMBER: _builtins.int
-    CLOSED_FIELD_NUMBER: _builtins.int
-    KEEP_REQUESTS_WHOLE_FIELD_NUMBER: _builtins.int
-    BELOW_N_MIN_UNTIL_UNIX_FIELD_NUMBER: _builtins.int
-    id: _builtins.str
+    ID_FIELD_NUMBER: builtins.int
+    QUESTION_FIELD_NUMBER: builtins.int
+    KIND_FIELD_NUMBER: builtins.int
+    LABELS_FIELD_NUMBER: builtins.int
+    MECHANISM_FIELD_NUMBER: builtins.int
+    EPSILON0_FIELD_NUMBER: builtins.int
+    DELTA_FIELD_NUMBER: builtins.int
+    N_MIN_FIELD_NUMBER: builtins.int
+    WINDOW_START_UNIX_FIELD_NUMBER: builtins.int
+    WINDOW_END_UNIX_FIELD_NUMBER: builtins.int
+    KEY_ID_FIELD_NUMBER: builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: builtins.int
+    HPKE_SUITE_FIELD_NUMBER: builtins.int
+    PAYLOAD_LENGTH_FIELD_NUMBER: builtins.int
+    PLAINTEXT_LENGTH_FIELD_NUMBER: builtins.int
+    CIPHERTEXT_LENGTH_FIELD_NUMBER: builtins.int
+    DEVICE_BUDGET_EPSILON_FIELD_NUMBER: builtins.int
+    CREATED_UNIX_FIELD_NUMBER: builtins.int
+    TARGET_EPSILON_FIELD_NUMBER: builtins.int
+    EXPECTED_N_FIELD_NUMBER: builtins.int
+    PARAMS_FIELD_NUMBER: builtins.int
+    QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
+    BATCH_TARGET_FIELD_NUMBER: builtins.int
+    CLOSED_FIELD_NUMBER: builtins.int
+    KEEP_REQUESTS_WHOLE_FIELD_NUMBER: builtins.int
+    BELOW_N_MIN_UNTIL_UNIX_FIELD_NUMBER: builtins.int
+    id: builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
-    question: _builtins.str
+    question: builtins.str
     kind: Global___DomainKind.ValueType
     mechanism: Global___Mechanism.ValueType
-    epsilon0: _builtins.float
+    epsilon0: builtins.float
     """local epsilon of one report"""
-    delta: _builtins.float
+    delta: builtins.float
     """delta used for the central (shuffled) guarantee"""
-    n_min: _builtins.int
+    n_min: builtins.int
     """the shuffler forwards batches of at least this many reports"""
-    window_start_unix: _builtins.int
+    window_start_unix: builtins.int
     """(messages: the request's devices x messages per device
     where that is fixed, e.g. multi_message_sum)
     0: open since creation
     """
-    window_end_unix: _builtins.int
+    window_end_unix: builtins.int
     """0: no end"""
-    key_id: _builtins.int
+    key_id: builtins.int
     """aggregator HPKE key that devices seal to"""
-    public_key: _builtins.bytes
+    public_key: builtins.bytes
     """raw X25519 public key (32 bytes)"""
-    hpke_suite: _builtins.str
+    hpke_suite: builtins.str
     """e.g. "X25519-HKDF-SHA256-CHACHA20POLY1305" """
-    payload_length: _builtins.int
+    payload_length: builtins.int
     """bytes the randomiser emits"""
-    plaintext_length: _builtins.int
+    plaintext_length: builtins.int
     """fixed padded plaintext length"""
-    ciphertext_length: _builtins.int
+    ciphertext_length: builtins.int
     """plaintext_length + HPKE overhead: the only size the shuffler accepts"""
-    device_budget_epsilon: _builtins.float
+    device_budget_epsilon: builtins.float
     """most local epsilon one device may spend on this campaign"""
-    created_unix: _builtins.int
-    target_epsilon: _builtins.float
+    created_unix: builtins.int
+    target_epsilon: builtins.float
     """0 when the campaign was created from epsilon0 directly"""
-    expected_n: _builtins.int
+    expected_n: builtins.int
     """planning assumption for target_epsilon"""
-    batch_target: _builtins.int
-    """--- batch ---
+    quota_per_source: builtins.int
+    """--- tls ---
+    reports one source address (or device credential) may spool
+    """
+    batch_target: builtins.int
+    """per window at a shuffler; 0: the shuffler's default
+    --- batch ---
     messages the shuffler collects before it releases a batch: the
     """
-    closed: _builtins.bool
+    closed: builtins.bool
     """batch size the guarantee was planned for (never below n_min)
     the operator closed the window early (window_end_unix is then)
     """
-    keep_requests_whole: _builtins.bool
+    keep_requests_whole: builtins.bool
     """multi-message: a request's messages are never split over batches"""
-    below_n_min_until_unix: _builtins.int
+    below_n_min_until_unix: builtins.int
     """operator authorised batches below n_min until this time (0: never)"""
-    @_builtins.property
-    def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
 
-    @_builtins.property
-    def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+    @property
+    def params(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.float]:
         """mechanism parameters beyond epsilon0 (e.g. "g" for OLH)"""
 
     def __init__(
         self,
         *,
-        id: _builtins.str = ...,
-        question: _builtins.str = ...,
+        id: builtins.str = ...,
+        question: builtins.str = ...,
         kind: Global___DomainKind.ValueType = ...,
-        labels: _abc.Iterable[_builtins.str] | None = ...,
+        labels: collections.abc.Iterable[builtins.str] | None = ...,
         mechanism: Global___Mechanism.ValueType = ...,
-        epsilon0: _builtins.float = ...,
-        delta: _builtins.float = ...,
-        n_min: _builtins.int = ...,
-        window_start_unix: _builtins.int = ...,
-        window_end_unix: _builtins.int = ...,
-        key_id: _builtins.int = ...,
-        public_key: _builtins.bytes = ...,
-        hpke_suite: _builtins.str = ...,
-        payload_length: _builtins.int = ...,
-        plaintext_length: _builtins.int = ...,
-        ciphertext_length: _builtins.int = ...,
-        device_budget_epsilon: _builtins.float = ...,
-        created_unix: _builtins.int = ...,
-        target_epsilon: _builtins.float = ...,
-        expected_n: _builtins.int = ...,
-        params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
-        batch_target: _builtins.int = ...,
-        closed: _builtins.bool = ...,
-        keep_requests_whole: _builtins.bool = ...,
-        below_n_min_until_unix: _builtins.int = ...,
+        epsilon0: builtins.float = ...,
+        delta: builtins.float = ...,
+        n_min: builtins.int = ...,
+        window_start_unix: builtins.int = ...,
+        window_end_unix: builtins.int = ...,
+        key_id: builtins.int = ...,
+        public_key: builtins.bytes = ...,
+        hpke_suite: builtins.str = ...,
+        payload_length: builtins.int = ...,
+        plaintext_length: builtins.int = ...,
+        ciphertext_length: builtins.int = ...,
+        device_budget_epsilon: builtins.float = ...,
+        created_unix: builtins.int = ...,
+        target_epsilon: builtins.float = ...,
+        expected_n: builtins.int = ...,
+        params: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
+        quota_per_source: builtins.int = ...,
+        batch_target: builtins.int = ...,
+        closed: builtins.bool = ...,
+        keep_requests_whole: builtins.bool = ...,
+        below_n_min_until_unix: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_target", b"batch_target", "below_n_min_until_unix", b"below_n_min_until_unix", "ciphertext_length", b"ciphertext_length", "closed", b"closed", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "keep_requests_whole", b"keep_requests_whole", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "below_n_min_until_unix", b"below_n_min_until_unix", "ciphertext_length", b"ciphertext_length", "closed", b"closed", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "keep_requests_whole", b"keep_requests_whole", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
-Global___Campaign: _TypeAlias = Campaign  # noqa: Y015
+Global___Campaign: typing_extensions.TypeAlias = Campaign
 
-@_typing.final
-class EncryptedReport(_message.Message):
+@typing.final
+class EncryptedReport(google.protobuf.message.Message):
     """One sealed report as it travels from device to shuffler and shuffler to aggregator."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    KEY_ID_FIELD_NUMBER: _builtins.int
-    CIPHERTEXT_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
-    key_id: _builtins.int
-    ciphertext: _builtins.bytes
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    KEY_ID_FIELD_NUMBER: builtins.int
+    CIPHERTEXT_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    key_id: builtins.int
+    ciphertext: builtins.bytes
     """HPKE enc || ct; info binds campaign id and key id"""
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
-        key_id: _builtins.int = ...,
-        ciphertext: _builtins.bytes = ...,
+        campaign_id: builtins.str = ...,
+        key_id: builtins.int = ...,
+        ciphertext: builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "ciphertext", b"ciphertext", "key_id", b"key_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "ciphertext", b"ciphertext", "key_id", b"key_id"]) -> None: ...
 
-Global___EncryptedReport: _TypeAlias = EncryptedReport  # noqa: Y015
+Global___EncryptedReport: typing_extensions.TypeAlias = EncryptedReport
 
-@_typing.final
-class SubmitReportsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SubmitReportsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    REPORTS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___EncryptedReport]: ...
+    REPORTS_FIELD_NUMBER: builtins.int
+    @property
+    def reports(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___EncryptedReport]: ...
     def __init__(
         self,
         *,
-        reports: _abc.Iterable[Global___EncryptedReport] | None = ...,
+        reports: collections.abc.Iterable[Global___EncryptedReport] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reports", b"reports"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["reports", b"reports"]) -> None: ...
 
-Global___SubmitReportsRequest: _TypeAlias = SubmitReportsRequest  # noqa: Y015
+Global___SubmitReportsRequest: typing_extensions.TypeAlias = SubmitReportsRequest
 
-@_typing.final
-class Rejection(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class Rejection(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    INDEX_FIELD_NUMBER: _builtins.int
-    REASON_FIELD_NUMBER: _builtins.int
-    DETAIL_FIELD_NUMBER: _builtins.int
-    index: _builtins.int
+    INDEX_FIELD_NUMBER: builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    DETAIL_FIELD_NUMBER: builtins.int
+    index: builtins.int
     """position in the request"""
     reason: Global___RejectReason.ValueType
-    detail: _builtins.str
+    detail: builtins.str
     def __init__(
         self,
         *,
-        index: _builtins.int = ...,
+        index: builtins.int = ...,
         reason: Global___RejectReason.ValueType = ...,
-        detail: _builtins.str = ...,
+        detail: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "index", b"index", "reason", b"reason"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["detail", b"detail", "index", b"index", "reason", b"reason"]) -> None: ...
 
-Global___Rejection: _TypeAlias = Rejection  # noqa: Y015
+Global___Rejection: typing_extensions.TypeAlias = Rejection
 
-@_typing.final
-class SubmitReportsResponse(_message.Message):
+@typing.final
+class SubmitReportsResponse(google.protobuf.message.Message):
     """accepted + rejected == number of reports in the request. Accepted reports are durably spooled."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    ACCEPTED_FIELD_NUMBER: _builtins.int
-    REJECTED_FIELD_NUMBER: _builtins.int
-    accepted: _builtins.int
-    @_builtins.property
-    def rejected(self) -> _containers.RepeatedCompositeFieldContainer[Global___Rejection]: ...
+    ACCEPTED_FIELD_NUMBER: builtins.int
+    REJECTED_FIELD_NUMBER: builtins.int
+    accepted: builtins.int
+    @property
+    def rejected(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Rejection]: ...
     def __init__(
         self,
         *,
-        accepted: _builtins.int = ...,
-        rejected: _abc.Iterable[Global___Rejection] | None = ...,
+        accepted: builtins.int = ...,
+        rejected: collections.abc.Iterable[Global___Rejection] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "rejected", b"rejected"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "rejected", b"rejected"]) -> None: ...
 
-Global___SubmitReportsResponse: _TypeAlias = SubmitReportsResponse  # noqa: Y015
+Global___SubmitReportsResponse: typing_extensions.TypeAlias = SubmitReportsResponse
 
-@_typing.final
-class SubmitAck(_message.Message):
+@typing.final
+class SubmitAck(google.protobuf.message.Message):
     """MQTT: the shuffler's answer to a SubmitReportsRequest published on <prefix>/submit/<request id>,
     sent to <prefix>/ack/<request id> (docs/mqtt.md). status_code is a grpc.StatusCode value: 0 (OK)
     with the response, or the status a gRPC call would have ended with and nothing spooled.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RESPONSE_FIELD_NUMBER: _builtins.int
-    STATUS_CODE_FIELD_NUMBER: _builtins.int
-    STATUS_MESSAGE_FIELD_NUMBER: _builtins.int
-    status_code: _builtins.int
-    status_message: _builtins.str
-    @_builtins.property
+    RESPONSE_FIELD_NUMBER: builtins.int
+    STATUS_CODE_FIELD_NUMBER: builtins.int
+    STATUS_MESSAGE_FIELD_NUMBER: builtins.int
+    status_code: builtins.int
+    status_message: builtins.str
+    @property
     def response(self) -> Global___SubmitReportsResponse: ...
     def __init__(
         self,
         *,
         response: Global___SubmitReportsResponse | None = ...,
-        status_code: _builtins.int = ...,
-        status_message: _builtins.str = ...,
+        status_code: builtins.int = ...,
+        status_message: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "status_code", b"status_code", "status_message", b"status_message"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["response", b"response"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["response", b"response", "status_code", b"status_code", "status_message", b"status_message"]) -> None: ...
 
-Global___SubmitAck: _TypeAlias = SubmitAck  # noqa: Y015
+Global___SubmitAck: typing_extensions.TypeAlias = SubmitAck
 
-@_typing.final
-class GetCampaignRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class GetCampaignRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
+        campaign_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id"]) -> None: ...
 
-Global___GetCampaignRequest: _TypeAlias = GetCampaignRequest  # noqa: Y015
+Global___GetCampaignRequest: typing_extensions.TypeAlias = GetCampaignRequest
 
-@_typing.final
-class ListCampaignsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListCampaignsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListCampaignsRequest: _TypeAlias = ListCampaignsRequest  # noqa: Y015
+Global___ListCampaignsRequest: typing_extensions.TypeAlias = ListCampaignsRequest
 
-@_typing.final
-class ListCampaignsResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListCampaignsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGNS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def campaigns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Campaign]: ...
+    CAMPAIGNS_FIELD_NUMBER: builtins.int
+    @property
+    def campaigns(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Campaign]: ...
     def __init__(
         self,
         *,
-        campaigns: _abc.Iterable[Global___Campaign] | None = ...,
+        campaigns: collections.abc.Iterable[Global___Campaign] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaigns", b"campaigns"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaigns", b"campaigns"]) -> None: ...
 
-Global___ListCampaignsResponse: _TypeAlias = ListCampaignsResponse  # noqa: Y015
+Global___ListCampaignsResponse: typing_extensions.TypeAlias = ListCampaignsResponse
 
-@_typing.final
-class FlushRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class FlushRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    BELOW_N_MIN_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    BELOW_N_MIN_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
     """empty: every campaign"""
-    below_n_min: _builtins.bool
+    below_n_min: builtins.bool
     """operator override: also forward batches smaller than n_min"""
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
-        below_n_min: _builtins.bool = ...,
+        campaign_id: builtins.str = ...,
+        below_n_min: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["below_n_min", b"below_n_min", "campaign_id", b"campaign_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["below_n_min", b"below_n_min", "campaign_id", b"campaign_id"]) -> None: ...
 
-Global___FlushRequest: _TypeAlias = FlushRequest  # noqa: Y015
+Global___FlushRequest: typing_extensions.TypeAlias = FlushRequest
 
-@_typing.final
-class FlushResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class FlushResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    BATCHES_FORWARDED_FIELD_NUMBER: _builtins.int
-    REPORTS_FORWARDED_FIELD_NUMBER: _builtins.int
-    REPORTS_HELD_FIELD_NUMBER: _builtins.int
-    WINDOW_HELD_FIELD_NUMBER: _builtins.int
-    batches_forwarded: _builtins.int
-    reports_forwarded: _builtins.int
-    reports_held: _builtins.int
+    BATCHES_FORWARDED_FIELD_NUMBER: builtins.int
+    REPORTS_FORWARDED_FIELD_NUMBER: builtins.int
+    REPORTS_HELD_FIELD_NUMBER: builtins.int
+    WINDOW_HELD_FIELD_NUMBER: builtins.int
+    batches_forwarded: builtins.int
+    reports_forwarded: builtins.int
+    reports_held: builtins.int
     """still spooled (below n_min and no override, or upstream down)"""
-    @_builtins.property
-    def window_held(self) -> _containers.RepeatedCompositeFieldContainer[Global___WindowHeld]:
+    @property
+    def window_held(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___WindowHeld]:
         """--- batch ---
         campaigns whose window ended with fewer than n_min reports
         """
@@ -513,631 +476,618 @@ class FlushResponse(_message.Message):
     def __init__(
         self,
         *,
-        batches_forwarded: _builtins.int = ...,
-        reports_forwarded: _builtins.int = ...,
-        reports_held: _builtins.int = ...,
-        window_held: _abc.Iterable[Global___WindowHeld] | None = ...,
+        batches_forwarded: builtins.int = ...,
+        reports_forwarded: builtins.int = ...,
+        reports_held: builtins.int = ...,
+        window_held: collections.abc.Iterable[Global___WindowHeld] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_forwarded", b"batches_forwarded", "reports_forwarded", b"reports_forwarded", "reports_held", b"reports_held", "window_held", b"window_held"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batches_forwarded", b"batches_forwarded", "reports_forwarded", b"reports_forwarded", "reports_held", b"reports_held", "window_held", b"window_held"]) -> None: ...
 
-Global___FlushResponse: _TypeAlias = FlushResponse  # noqa: Y015
+Global___FlushResponse: typing_extensions.TypeAlias = FlushResponse
 
-@_typing.final
-class ShufflerStatsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ShufflerStatsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ShufflerStatsRequest: _TypeAlias = ShufflerStatsRequest  # noqa: Y015
+Global___ShufflerStatsRequest: typing_extensions.TypeAlias = ShufflerStatsRequest
 
-@_typing.final
-class CampaignSpool(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CampaignSpool(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    PENDING_FIELD_NUMBER: _builtins.int
-    IN_FLIGHT_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
-    pending: _builtins.int
-    in_flight: _builtins.int
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    PENDING_FIELD_NUMBER: builtins.int
+    IN_FLIGHT_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    pending: builtins.int
+    in_flight: builtins.int
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
-        pending: _builtins.int = ...,
-        in_flight: _builtins.int = ...,
+        campaign_id: builtins.str = ...,
+        pending: builtins.int = ...,
+        in_flight: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "in_flight", b"in_flight", "pending", b"pending"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "in_flight", b"in_flight", "pending", b"pending"]) -> None: ...
 
-Global___CampaignSpool: _TypeAlias = CampaignSpool  # noqa: Y015
+Global___CampaignSpool: typing_extensions.TypeAlias = CampaignSpool
 
-@_typing.final
-class ShufflerStatsResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ShufflerStatsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGNS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def campaigns(self) -> _containers.RepeatedCompositeFieldContainer[Global___CampaignSpool]: ...
+    CAMPAIGNS_FIELD_NUMBER: builtins.int
+    @property
+    def campaigns(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___CampaignSpool]: ...
     def __init__(
         self,
         *,
-        campaigns: _abc.Iterable[Global___CampaignSpool] | None = ...,
+        campaigns: collections.abc.Iterable[Global___CampaignSpool] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaigns", b"campaigns"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaigns", b"campaigns"]) -> None: ...
 
-Global___ShufflerStatsResponse: _TypeAlias = ShufflerStatsResponse  # noqa: Y015
+Global___ShufflerStatsResponse: typing_extensions.TypeAlias = ShufflerStatsResponse
 
-@_typing.final
-class ShuffledBatch(_message.Message):
+@typing.final
+class ShuffledBatch(google.protobuf.message.Message):
     """A permuted batch forwarded by the shuffler. Reports are in permuted order; nothing else about them."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    BATCH_ID_FIELD_NUMBER: _builtins.int
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    REPORTS_FIELD_NUMBER: _builtins.int
-    DIGEST_FIELD_NUMBER: _builtins.int
-    batch_id: _builtins.str
+    BATCH_ID_FIELD_NUMBER: builtins.int
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    REPORTS_FIELD_NUMBER: builtins.int
+    DIGEST_FIELD_NUMBER: builtins.int
+    batch_id: builtins.str
     """stable across retries: ingestion is idempotent on it"""
-    campaign_id: _builtins.str
-    digest: _builtins.bytes
+    campaign_id: builtins.str
+    digest: builtins.bytes
     """SHA-256 over the ordered ciphertexts (manifest)"""
-    @_builtins.property
-    def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___EncryptedReport]: ...
+    @property
+    def reports(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___EncryptedReport]: ...
     def __init__(
         self,
         *,
-        batch_id: _builtins.str = ...,
-        campaign_id: _builtins.str = ...,
-        reports: _abc.Iterable[Global___EncryptedReport] | None = ...,
-        digest: _builtins.bytes = ...,
+        batch_id: builtins.str = ...,
+        campaign_id: builtins.str = ...,
+        reports: collections.abc.Iterable[Global___EncryptedReport] | None = ...,
+        digest: builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "campaign_id", b"campaign_id", "digest", b"digest", "reports", b"reports"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_id", b"batch_id", "campaign_id", b"campaign_id", "digest", b"digest", "reports", b"reports"]) -> None: ...
 
-Global___ShuffledBatch: _TypeAlias = ShuffledBatch  # noqa: Y015
+Global___ShuffledBatch: typing_extensions.TypeAlias = ShuffledBatch
 
-@_typing.final
-class RejectionCount(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class RejectionCount(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    REASON_FIELD_NUMBER: _builtins.int
-    COUNT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    COUNT_FIELD_NUMBER: builtins.int
     reason: Global___RejectReason.ValueType
-    count: _builtins.int
+    count: builtins.int
     def __init__(
         self,
         *,
         reason: Global___RejectReason.ValueType = ...,
-        count: _builtins.int = ...,
+        count: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "reason", b"reason"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["count", b"count", "reason", b"reason"]) -> None: ...
 
-Global___RejectionCount: _TypeAlias = RejectionCount  # noqa: Y015
+Global___RejectionCount: typing_extensions.TypeAlias = RejectionCount
 
-@_typing.final
-class IngestBatchResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class IngestBatchResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    BATCH_ID_FIELD_NUMBER: _builtins.int
-    DUPLICATE_BATCH_FIELD_NUMBER: _builtins.int
-    COUNTED_FIELD_NUMBER: _builtins.int
-    REJECTED_FIELD_NUMBER: _builtins.int
-    batch_id: _builtins.str
-    duplicate_batch: _builtins.bool
+    BATCH_ID_FIELD_NUMBER: builtins.int
+    DUPLICATE_BATCH_FIELD_NUMBER: builtins.int
+    COUNTED_FIELD_NUMBER: builtins.int
+    REJECTED_FIELD_NUMBER: builtins.int
+    batch_id: builtins.str
+    duplicate_batch: builtins.bool
     """seen before: acknowledged, nothing counted again"""
-    counted: _builtins.int
-    @_builtins.property
-    def rejected(self) -> _containers.RepeatedCompositeFieldContainer[Global___RejectionCount]: ...
+    counted: builtins.int
+    @property
+    def rejected(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___RejectionCount]: ...
     def __init__(
         self,
         *,
-        batch_id: _builtins.str = ...,
-        duplicate_batch: _builtins.bool = ...,
-        counted: _builtins.int = ...,
-        rejected: _abc.Iterable[Global___RejectionCount] | None = ...,
+        batch_id: builtins.str = ...,
+        duplicate_batch: builtins.bool = ...,
+        counted: builtins.int = ...,
+        rejected: collections.abc.Iterable[Global___RejectionCount] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "counted", b"counted", "duplicate_batch", b"duplicate_batch", "rejected", b"rejected"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_id", b"batch_id", "counted", b"counted", "duplicate_batch", b"duplicate_batch", "rejected", b"rejected"]) -> None: ...
 
-Global___IngestBatchResponse: _TypeAlias = IngestBatchResponse  # noqa: Y015
+Global___IngestBatchResponse: typing_extensions.TypeAlias = IngestBatchResponse
 
-@_typing.final
-class CreateCampaignRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CreateCampaignRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    @_typing.final
-    class ParamsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
+    @typing.final
+    class ParamsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.float
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.float
         def __init__(
             self,
             *,
-            key: _builtins.str = ...,
-            value: _builtins.float = ...,
+            key: builtins.str = ...,
+            value: builtins.float = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
-    ID_FIELD_NUMBER: _builtins.int
-    QUESTION_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
-    LABELS_FIELD_NUMBER: _builtins.int
-    MECHANISM_FIELD_NUMBER: _builtins.int
-    EPSILON0_FIELD_NUMBER: _builtins.int
-    DELTA_FIELD_NUMBER: _builtins.int
-    N_MIN_FIELD_NUMBER: _builtins.int
-    WINDOW_START_UNIX_FIELD_NUMBER: _builtins.int
-    WINDOW_END_UNIX_FIELD_NUMBER: _builtins.int
-    DEVICE_BUDGET_EPSILON_FIELD_NUMBER: _builtins.int
-    PARAMS_FIELD_NUMBER: _builtins.int
-    TARGET_EPSILON_FIELD_NUMBER: _builtins.int
-    EXPECTED_N_FIELD_NUMBER: _builtins.int
-    BATCH_TARGET_FIELD_NUMBER: _builtins.int
-    WINDOW_S_FIELD_NUMBER: _builtins.int
-    id: _builtins.str
-    question: _builtins.str
+    ID_FIELD_NUMBER: builtins.int
+    QUESTION_FIELD_NUMBER: builtins.int
+    KIND_FIELD_NUMBER: builtins.int
+    LABELS_FIELD_NUMBER: builtins.int
+    MECHANISM_FIELD_NUMBER: builtins.int
+    EPSILON0_FIELD_NUMBER: builtins.int
+    DELTA_FIELD_NUMBER: builtins.int
+    N_MIN_FIELD_NUMBER: builtins.int
+    WINDOW_START_UNIX_FIELD_NUMBER: builtins.int
+    WINDOW_END_UNIX_FIELD_NUMBER: builtins.int
+    DEVICE_BUDGET_EPSILON_FIELD_NUMBER: builtins.int
+    PARAMS_FIELD_NUMBER: builtins.int
+    TARGET_EPSILON_FIELD_NUMBER: builtins.int
+    EXPECTED_N_FIELD_NUMBER: builtins.int
+    QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
+    BATCH_TARGET_FIELD_NUMBER: builtins.int
+    WINDOW_S_FIELD_NUMBER: builtins.int
+    id: builtins.str
+    question: builtins.str
     kind: Global___DomainKind.ValueType
     mechanism: Global___Mechanism.ValueType
     """default: BINARY_RR for BINARY, GRR for CATEGORICAL"""
-    epsilon0: _builtins.float
+    epsilon0: builtins.float
     """required, > 0"""
-    delta: _builtins.float
+    delta: builtins.float
     """default 1e-6"""
-    n_min: _builtins.int
+    n_min: builtins.int
     """devices per released batch; default 1000"""
-    window_start_unix: _builtins.int
-    window_end_unix: _builtins.int
-    device_budget_epsilon: _builtins.float
+    window_start_unix: builtins.int
+    window_end_unix: builtins.int
+    device_budget_epsilon: builtins.float
     """default: epsilon0 (one report per device)"""
-    target_epsilon: _builtins.float
+    target_epsilon: builtins.float
     """with expected_n: plan epsilon0 (and mechanism if unset) from a central target"""
-    expected_n: _builtins.int
-    batch_target: _builtins.int
+    expected_n: builtins.int
+    quota_per_source: builtins.int
+    """--- tls ---
+    per-source quota at shufflers; 0: each shuffler's default
+    """
+    batch_target: builtins.int
     """--- batch ---
     devices per released batch (default: expected_n if planned, else n_min)
     """
-    window_s: _builtins.int
+    window_s: builtins.int
     """window length from creation, if window_end_unix is 0 (0: default 7 days)"""
-    @_builtins.property
-    def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """required for CATEGORICAL, ignored for BINARY"""
 
-    @_builtins.property
-    def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+    @property
+    def params(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.float]:
         """mechanism parameters beyond epsilon0"""
 
     def __init__(
         self,
         *,
-        id: _builtins.str = ...,
-        question: _builtins.str = ...,
+        id: builtins.str = ...,
+        question: builtins.str = ...,
         kind: Global___DomainKind.ValueType = ...,
-        labels: _abc.Iterable[_builtins.str] | None = ...,
+        labels: collections.abc.Iterable[builtins.str] | None = ...,
         mechanism: Global___Mechanism.ValueType = ...,
-        epsilon0: _builtins.float = ...,
-        delta: _builtins.float = ...,
-        n_min: _builtins.int = ...,
-        window_start_unix: _builtins.int = ...,
-        window_end_unix: _builtins.int = ...,
-        device_budget_epsilon: _builtins.float = ...,
-        params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
-        target_epsilon: _builtins.float = ...,
-        expected_n: _builtins.int = ...,
-        batch_target: _builtins.int = ...,
-        window_s: _builtins.int = ...,
+        epsilon0: builtins.float = ...,
+        delta: builtins.float = ...,
+        n_min: builtins.int = ...,
+        window_start_unix: builtins.int = ...,
+        window_end_unix: builtins.int = ...,
+        device_budget_epsilon: builtins.float = ...,
+        params: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
+        target_epsilon: builtins.float = ...,
+        expected_n: builtins.int = ...,
+        quota_per_source: builtins.int = ...,
+        batch_target: builtins.int = ...,
+        window_s: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_target", b"batch_target", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_s", b"window_s", "window_start_unix", b"window_start_unix"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_s", b"window_s", "window_start_unix", b"window_start_unix"]) -> None: ...
 
-Global___CreateCampaignRequest: _TypeAlias = CreateCampaignRequest  # noqa: Y015
+Global___CreateCampaignRequest: typing_extensions.TypeAlias = CreateCampaignRequest
 
-@_typing.final
-class PostProcessing(_message.Message):
+@typing.final
+class PostProcessing(google.protobuf.message.Message):
     """Post-processing of the debiased estimates: free of privacy cost, always stated in the answer."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CLIP_NON_NEGATIVE_FIELD_NUMBER: _builtins.int
-    PROJECT_SIMPLEX_FIELD_NUMBER: _builtins.int
-    SUPPRESS_BELOW_FIELD_NUMBER: _builtins.int
-    TOP_K_FIELD_NUMBER: _builtins.int
-    clip_non_negative: _builtins.bool
+    CLIP_NON_NEGATIVE_FIELD_NUMBER: builtins.int
+    PROJECT_SIMPLEX_FIELD_NUMBER: builtins.int
+    SUPPRESS_BELOW_FIELD_NUMBER: builtins.int
+    TOP_K_FIELD_NUMBER: builtins.int
+    clip_non_negative: builtins.bool
     """negative estimates become 0"""
-    project_simplex: _builtins.bool
+    project_simplex: builtins.bool
     """Euclidean projection onto {x >= 0, sum x = n}"""
-    suppress_below: _builtins.float
+    suppress_below: builtins.float
     """estimates under this threshold are reported as 0 (0: off)"""
-    top_k: _builtins.int
+    top_k: builtins.int
     """keep only the k largest buckets (0: all)"""
     def __init__(
         self,
         *,
-        clip_non_negative: _builtins.bool = ...,
-        project_simplex: _builtins.bool = ...,
-        suppress_below: _builtins.float = ...,
-        top_k: _builtins.int = ...,
+        clip_non_negative: builtins.bool = ...,
+        project_simplex: builtins.bool = ...,
+        suppress_below: builtins.float = ...,
+        top_k: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_non_negative", b"clip_non_negative", "project_simplex", b"project_simplex", "suppress_below", b"suppress_below", "top_k", b"top_k"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["clip_non_negative", b"clip_non_negative", "project_simplex", b"project_simplex", "suppress_below", b"suppress_below", "top_k", b"top_k"]) -> None: ...
 
-Global___PostProcessing: _TypeAlias = PostProcessing  # noqa: Y015
+Global___PostProcessing: typing_extensions.TypeAlias = PostProcessing
 
-@_typing.final
-class QueryRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class QueryRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    CONFIDENCE_FIELD_NUMBER: _builtins.int
-    SIMULTANEOUS_FIELD_NUMBER: _builtins.int
-    POST_PROCESSING_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
-    confidence: _builtins.float
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    CONFIDENCE_FIELD_NUMBER: builtins.int
+    SIMULTANEOUS_FIELD_NUMBER: builtins.int
+    POST_PROCESSING_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    confidence: builtins.float
     """default 0.95"""
-    simultaneous: _builtins.bool
+    simultaneous: builtins.bool
     """intervals that hold for all buckets at once (Bonferroni)"""
-    @_builtins.property
+    @property
     def post_processing(self) -> Global___PostProcessing: ...
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
-        confidence: _builtins.float = ...,
-        simultaneous: _builtins.bool = ...,
+        campaign_id: builtins.str = ...,
+        confidence: builtins.float = ...,
+        simultaneous: builtins.bool = ...,
         post_processing: Global___PostProcessing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["post_processing", b"post_processing"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "confidence", b"confidence", "post_processing", b"post_processing", "simultaneous", b"simultaneous"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["post_processing", b"post_processing"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "confidence", b"confidence", "post_processing", b"post_processing", "simultaneous", b"simultaneous"]) -> None: ...
 
-Global___QueryRequest: _TypeAlias = QueryRequest  # noqa: Y015
+Global___QueryRequest: typing_extensions.TypeAlias = QueryRequest
 
-@_typing.final
-class BucketEstimate(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class BucketEstimate(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    LABEL_FIELD_NUMBER: _builtins.int
-    RAW_COUNT_FIELD_NUMBER: _builtins.int
-    ESTIMATE_FIELD_NUMBER: _builtins.int
-    STD_ERROR_FIELD_NUMBER: _builtins.int
-    CI_LOW_FIELD_NUMBER: _builtins.int
-    CI_HIGH_FIELD_NUMBER: _builtins.int
-    PROCESSED_FIELD_NUMBER: _builtins.int
-    SUPPRESSED_FIELD_NUMBER: _builtins.int
-    label: _builtins.str
+    LABEL_FIELD_NUMBER: builtins.int
+    RAW_COUNT_FIELD_NUMBER: builtins.int
+    ESTIMATE_FIELD_NUMBER: builtins.int
+    STD_ERROR_FIELD_NUMBER: builtins.int
+    CI_LOW_FIELD_NUMBER: builtins.int
+    CI_HIGH_FIELD_NUMBER: builtins.int
+    PROCESSED_FIELD_NUMBER: builtins.int
+    SUPPRESSED_FIELD_NUMBER: builtins.int
+    label: builtins.str
     """raw_count/estimate/std_error/CI are of the unprocessed estimator; post-processing sets `processed`."""
-    raw_count: _builtins.int
+    raw_count: builtins.int
     """randomised reports with this output"""
-    estimate: _builtins.float
+    estimate: builtins.float
     """unbiased estimate of the true count"""
-    std_error: _builtins.float
-    ci_low: _builtins.float
-    ci_high: _builtins.float
-    processed: _builtins.float
+    std_error: builtins.float
+    ci_low: builtins.float
+    ci_high: builtins.float
+    processed: builtins.float
     """the estimate after the requested post-processing"""
-    suppressed: _builtins.bool
+    suppressed: builtins.bool
     """removed by suppress_below or top_k"""
     def __init__(
         self,
         *,
-        label: _builtins.str = ...,
-        raw_count: _builtins.int = ...,
-        estimate: _builtins.float = ...,
-        std_error: _builtins.float = ...,
-        ci_low: _builtins.float = ...,
-        ci_high: _builtins.float = ...,
-        processed: _builtins.float = ...,
-        suppressed: _builtins.bool = ...,
+        label: builtins.str = ...,
+        raw_count: builtins.int = ...,
+        estimate: builtins.float = ...,
+        std_error: builtins.float = ...,
+        ci_low: builtins.float = ...,
+        ci_high: builtins.float = ...,
+        processed: builtins.float = ...,
+        suppressed: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ci_high", b"ci_high", "ci_low", b"ci_low", "estimate", b"estimate", "label", b"label", "processed", b"processed", "raw_count", b"raw_count", "std_error", b"std_error", "suppressed", b"suppressed"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["ci_high", b"ci_high", "ci_low", b"ci_low", "estimate", b"estimate", "label", b"label", "processed", b"processed", "raw_count", b"raw_count", "std_error", b"std_error", "suppressed", b"suppressed"]) -> None: ...
 
-Global___BucketEstimate: _TypeAlias = BucketEstimate  # noqa: Y015
+Global___BucketEstimate: typing_extensions.TypeAlias = BucketEstimate
 
-@_typing.final
-class PrivacyStatement(_message.Message):
+@typing.final
+class PrivacyStatement(google.protobuf.message.Message):
     """The guarantee that holds for the counted reports."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    EPSILON0_FIELD_NUMBER: _builtins.int
-    CENTRAL_EPSILON_FIELD_NUMBER: _builtins.int
-    DELTA_FIELD_NUMBER: _builtins.int
-    ANALYSIS_FIELD_NUMBER: _builtins.int
-    AMPLIFIED_FIELD_NUMBER: _builtins.int
-    SMALLEST_BATCH_FIELD_NUMBER: _builtins.int
-    NOTE_FIELD_NUMBER: _builtins.int
-    LOCAL_GUARANTEE_FIELD_NUMBER: _builtins.int
-    BATCH_TARGET_FIELD_NUMBER: _builtins.int
-    BATCHES_FIELD_NUMBER: _builtins.int
-    BELOW_N_MIN_AUTHORISED_FIELD_NUMBER: _builtins.int
-    EPSILON_UNAVAILABLE_FIELD_NUMBER: _builtins.int
-    epsilon0: _builtins.float
+    EPSILON0_FIELD_NUMBER: builtins.int
+    CENTRAL_EPSILON_FIELD_NUMBER: builtins.int
+    DELTA_FIELD_NUMBER: builtins.int
+    ANALYSIS_FIELD_NUMBER: builtins.int
+    AMPLIFIED_FIELD_NUMBER: builtins.int
+    SMALLEST_BATCH_FIELD_NUMBER: builtins.int
+    NOTE_FIELD_NUMBER: builtins.int
+    LOCAL_GUARANTEE_FIELD_NUMBER: builtins.int
+    BATCH_TARGET_FIELD_NUMBER: builtins.int
+    BATCHES_FIELD_NUMBER: builtins.int
+    BELOW_N_MIN_AUTHORISED_FIELD_NUMBER: builtins.int
+    EPSILON_UNAVAILABLE_FIELD_NUMBER: builtins.int
+    epsilon0: builtins.float
     """local guarantee of every report"""
-    central_epsilon: _builtins.float
+    central_epsilon: builtins.float
     """after shuffling; equals epsilon0 when no amplification applies"""
-    delta: _builtins.float
-    analysis: _builtins.str
+    delta: builtins.float
+    analysis: builtins.str
     """which bound gave central_epsilon"""
-    amplified: _builtins.bool
-    smallest_batch: _builtins.int
+    amplified: builtins.bool
+    smallest_batch: builtins.int
     """the shuffle the weakest-protected report was hidden in"""
-    note: _builtins.str
-    local_guarantee: _builtins.bool
+    note: builtins.str
+    local_guarantee: builtins.bool
     """epsilon0 holds locally (false for shuffle-only protocols)"""
-    batch_target: _builtins.int
+    batch_target: builtins.int
     """--- batch ---
     devices the campaign's guarantee was planned for (0: not set)
     """
-    batches: _builtins.int
+    batches: builtins.int
     """batches counted"""
-    below_n_min_authorised: _builtins.bool
+    below_n_min_authorised: builtins.bool
     """the operator authorised batches below n_min for this campaign"""
-    epsilon_unavailable: _builtins.str
+    epsilon_unavailable: builtins.str
     """why no finite central epsilon can be stated (central_epsilon is then inf)"""
     def __init__(
         self,
         *,
-        epsilon0: _builtins.float = ...,
-        central_epsilon: _builtins.float = ...,
-        delta: _builtins.float = ...,
-        analysis: _builtins.str = ...,
-        amplified: _builtins.bool = ...,
-        smallest_batch: _builtins.int = ...,
-        note: _builtins.str = ...,
-        local_guarantee: _builtins.bool = ...,
-        batch_target: _builtins.int = ...,
-        batches: _builtins.int = ...,
-        below_n_min_authorised: _builtins.bool = ...,
-        epsilon_unavailable: _builtins.str = ...,
+        epsilon0: builtins.float = ...,
+        central_epsilon: builtins.float = ...,
+        delta: builtins.float = ...,
+        analysis: builtins.str = ...,
+        amplified: builtins.bool = ...,
+        smallest_batch: builtins.int = ...,
+        note: builtins.str = ...,
+        local_guarantee: builtins.bool = ...,
+        batch_target: builtins.int = ...,
+        batches: builtins.int = ...,
+        below_n_min_authorised: builtins.bool = ...,
+        epsilon_unavailable: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["amplified", b"amplified", "analysis", b"analysis", "batch_target", b"batch_target", "batches", b"batches", "below_n_min_authorised", b"below_n_min_authorised", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "epsilon_unavailable", b"epsilon_unavailable", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "batch_target", b"batch_target", "batches", b"batches", "below_n_min_authorised", b"below_n_min_authorised", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "epsilon_unavailable", b"epsilon_unavailable", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
 
-Global___PrivacyStatement: _TypeAlias = PrivacyStatement  # noqa: Y015
+Global___PrivacyStatement: typing_extensions.TypeAlias = PrivacyStatement
 
-@_typing.final
-class QueryResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class QueryResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    MECHANISM_FIELD_NUMBER: _builtins.int
-    N_FIELD_NUMBER: _builtins.int
-    BUCKETS_FIELD_NUMBER: _builtins.int
-    PRIVACY_FIELD_NUMBER: _builtins.int
-    CONFIDENCE_FIELD_NUMBER: _builtins.int
-    REJECTED_FIELD_NUMBER: _builtins.int
-    SIMULTANEOUS_FIELD_NUMBER: _builtins.int
-    POST_PROCESSING_APPLIED_FIELD_NUMBER: _builtins.int
-    MESSAGES_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    MECHANISM_FIELD_NUMBER: builtins.int
+    N_FIELD_NUMBER: builtins.int
+    BUCKETS_FIELD_NUMBER: builtins.int
+    PRIVACY_FIELD_NUMBER: builtins.int
+    CONFIDENCE_FIELD_NUMBER: builtins.int
+    REJECTED_FIELD_NUMBER: builtins.int
+    SIMULTANEOUS_FIELD_NUMBER: builtins.int
+    POST_PROCESSING_APPLIED_FIELD_NUMBER: builtins.int
+    MESSAGES_FIELD_NUMBER: builtins.int
+    MANIPULATION_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
     mechanism: Global___Mechanism.ValueType
-    n: _builtins.int
+    n: builtins.int
     """reports counted"""
-    confidence: _builtins.float
-    rejected: _builtins.int
+    confidence: builtins.float
+    rejected: builtins.int
     """reports received but not counted"""
-    simultaneous: _builtins.bool
-    messages: _builtins.int
+    simultaneous: builtins.bool
+    messages: builtins.int
     """messages counted (equals n for single-message mechanisms)"""
-    @_builtins.property
-    def buckets(self) -> _containers.RepeatedCompositeFieldContainer[Global___BucketEstimate]: ...
-    @_builtins.property
+    @property
+    def buckets(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___BucketEstimate]: ...
+    @property
     def privacy(self) -> Global___PrivacyStatement: ...
-    @_builtins.property
-    def post_processing_applied(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def post_processing_applied(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """what was applied, in order"""
 
+    @property
+    def manipulation(self) -> Global___ManipulationBudget:
+        """how far m fake well-formed reports could move each estimate"""
+
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
+        campaign_id: builtins.str = ...,
         mechanism: Global___Mechanism.ValueType = ...,
-        n: _builtins.int = ...,
-        buckets: _abc.Iterable[Global___BucketEstimate] | None = ...,
+        n: builtins.int = ...,
+        buckets: collections.abc.Iterable[Global___BucketEstimate] | None = ...,
         privacy: Global___PrivacyStatement | None = ...,
-        confidence: _builtins.float = ...,
-        rejected: _builtins.int = ...,
-        simultaneous: _builtins.bool = ...,
-        post_processing_applied: _abc.Iterable[_builtins.str] | None = ...,
-        messages: _builtins.int = ...,
+        confidence: builtins.float = ...,
+        rejected: builtins.int = ...,
+        simultaneous: builtins.bool = ...,
+        post_processing_applied: collections.abc.Iterable[builtins.str] | None = ...,
+        messages: builtins.int = ...,
+        manipulation: Global___ManipulationBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["privacy", b"privacy"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "campaign_id", b"campaign_id", "confidence", b"confidence", "mechanism", b"mechanism", "messages", b"messages", "n", b"n", "post_processing_applied", b"post_processing_applied", "privacy", b"privacy", "rejected", b"rejected", "simultaneous", b"simultaneous"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["manipulation", b"manipulation", "privacy", b"privacy"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["buckets", b"buckets", "campaign_id", b"campaign_id", "confidence", b"confidence", "manipulation", b"manipulation", "mechanism", b"mechanism", "messages", b"messages", "n", b"n", "post_processing_applied", b"post_processing_applied", "privacy", b"privacy", "rejected", b"rejected", "simultaneous", b"simultaneous"]) -> None: ...
 
-Global___QueryResponse: _TypeAlias = QueryResponse  # noqa: Y015
+Global___QueryResponse: typing_extensions.TypeAlias = QueryResponse
 
-@_typing.final
-class KeyInfo(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class KeyInfo(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    KEY_ID_FIELD_NUMBER: _builtins.int
-    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
-    HPKE_SUITE_FIELD_NUMBER: _builtins.int
-    ACTIVE_FIELD_NUMBER: _builtins.int
-    CREATED_UNIX_FIELD_NUMBER: _builtins.int
-    key_id: _builtins.int
-    public_key: _builtins.bytes
-    hpke_suite: _builtins.str
-    active: _builtins.bool
-    created_unix: _builtins.int
+    KEY_ID_FIELD_NUMBER: builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: builtins.int
+    HPKE_SUITE_FIELD_NUMBER: builtins.int
+    ACTIVE_FIELD_NUMBER: builtins.int
+    CREATED_UNIX_FIELD_NUMBER: builtins.int
+    key_id: builtins.int
+    public_key: builtins.bytes
+    hpke_suite: builtins.str
+    active: builtins.bool
+    created_unix: builtins.int
     def __init__(
         self,
         *,
-        key_id: _builtins.int = ...,
-        public_key: _builtins.bytes = ...,
-        hpke_suite: _builtins.str = ...,
-        active: _builtins.bool = ...,
-        created_unix: _builtins.int = ...,
+        key_id: builtins.int = ...,
+        public_key: builtins.bytes = ...,
+        hpke_suite: builtins.str = ...,
+        active: builtins.bool = ...,
+        created_unix: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "created_unix", b"created_unix", "hpke_suite", b"hpke_suite", "key_id", b"key_id", "public_key", b"public_key"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["active", b"active", "created_unix", b"created_unix", "hpke_suite", b"hpke_suite", "key_id", b"key_id", "public_key", b"public_key"]) -> None: ...
 
-Global___KeyInfo: _TypeAlias = KeyInfo  # noqa: Y015
+Global___KeyInfo: typing_extensions.TypeAlias = KeyInfo
 
-@_typing.final
-class ListKeysRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListKeysRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListKeysRequest: _TypeAlias = ListKeysRequest  # noqa: Y015
+Global___ListKeysRequest: typing_extensions.TypeAlias = ListKeysRequest
 
-@_typing.final
-class ListKeysResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListKeysResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    KEYS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyInfo]: ...
+    KEYS_FIELD_NUMBER: builtins.int
+    @property
+    def keys(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___KeyInfo]: ...
     def __init__(
         self,
         *,
-        keys: _abc.Iterable[Global___KeyInfo] | None = ...,
+        keys: collections.abc.Iterable[Global___KeyInfo] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["keys", b"keys"]) -> None: ...
 
-Global___ListKeysResponse: _TypeAlias = ListKeysResponse  # noqa: Y015
+Global___ListKeysResponse: typing_extensions.TypeAlias = ListKeysResponse
 
-@_typing.final
-class WindowHeld(_message.Message):
+@typing.final
+class WindowHeld(google.protobuf.message.Message):
     """--- batch ---
 
     A campaign whose collection window ended while the shuffler held fewer than n_min of its reports.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    PENDING_FIELD_NUMBER: _builtins.int
-    N_MIN_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
-    pending: _builtins.int
-    n_min: _builtins.int
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    PENDING_FIELD_NUMBER: builtins.int
+    N_MIN_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    pending: builtins.int
+    n_min: builtins.int
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
-        pending: _builtins.int = ...,
-        n_min: _builtins.int = ...,
+        campaign_id: builtins.str = ...,
+        pending: builtins.int = ...,
+        n_min: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "n_min", b"n_min", "pending", b"pending"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "n_min", b"n_min", "pending", b"pending"]) -> None: ...
 
-Global___WindowHeld: _TypeAlias = WindowHeld  # noqa: Y015
+Global___WindowHeld: typing_extensions.TypeAlias = WindowHeld
 
-@_typing.final
-class CloseCampaignRequest(_message.Message):
+@typing.final
+class CloseCampaignRequest(google.protobuf.message.Message):
     """Close a campaign's window now: the shuffler releases what it holds (at least n_min) and refuses more."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
+        campaign_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id"]) -> None: ...
 
-Global___CloseCampaignRequest: _TypeAlias = CloseCampaignRequest  # noqa: Y015
+Global___CloseCampaignRequest: typing_extensions.TypeAlias = CloseCampaignRequest
 
-@_typing.final
-class ReleaseBelowNMinRequest(_message.Message):
+@typing.final
+class ReleaseBelowNMinRequest(google.protobuf.message.Message):
     """Authorise the shuffler to forward batches below n_min for a while (recorded; stated in answers)."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
-    VALID_S_FIELD_NUMBER: _builtins.int
-    campaign_id: _builtins.str
-    valid_s: _builtins.int
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    VALID_S_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    valid_s: builtins.int
     """how long the authorisation holds (default 600, at most 86400)"""
     def __init__(
         self,
         *,
-        campaign_id: _builtins.str = ...,
-        valid_s: _builtins.int = ...,
+        campaign_id: builtins.str = ...,
+        valid_s: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "valid_s", b"valid_s"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "valid_s", b"valid_s"]) -> None: ...
 
-Global___ReleaseBelowNMinRequest: _TypeAlias = ReleaseBelowNMinRequest  # noqa: Y015
+Global___ReleaseBelowNMinRequest: typing_extensions.TypeAlias = ReleaseBelowNMinRequest
+
+@typing.final
+class ManipulationBudget(google.protobuf.message.Message):
+    """--- heal ---
+
+    Poisoning bound (ADR 0010, docs/queries.md): m well-formed fake reports (each a payload the
+    campaign's randomiser could emit, chosen by the attacker) move estimate j by at most
+    max_raise[j] upwards and max_lower[j] downwards. Per-report values scale linearly: the estimators are
+    affine in the counts.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    FAKE_REPORTS_FIELD_NUMBER: builtins.int
+    RULE_FIELD_NUMBER: builtins.int
+    MAX_RAISE_FIELD_NUMBER: builtins.int
+    MAX_LOWER_FIELD_NUMBER: builtins.int
+    RAISE_PER_REPORT_FIELD_NUMBER: builtins.int
+    LOWER_PER_REPORT_FIELD_NUMBER: builtins.int
+    COMPUTED_FIELD_NUMBER: builtins.int
+    NOTE_FIELD_NUMBER: builtins.int
+    fake_reports: builtins.int
+    """m"""
+    rule: builtins.str
+    """how m was chosen"""
+    computed: builtins.bool
+    """false: not derived for this mechanism or domain (see note)"""
+    note: builtins.str
+    @property
+    def max_raise(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.float]:
+        """per bucket, in bucket order: the largest upward shift"""
+
+    @property
+    def max_lower(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.float]:
+        """per bucket: the largest downward shift (>= 0)"""
+
+    @property
+    def raise_per_report(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.float]: ...
+    @property
+    def lower_per_report(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        fake_reports: builtins.int = ...,
+        rule: builtins.str = ...,
+        max_raise: collections.abc.Iterable[builtins.float] | None = ...,
+        max_lower: collections.abc.Iterable[builtins.float] | None = ...,
+        raise_per_report: collections.abc.Iterable[builtins.float] | None = ...,
+        lower_per_report: collections.abc.Iterable[builtins.float] | None = ...,
+        computed: builtins.bool = ...,
+        note: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["computed", b"computed", "fake_reports", b"fake_reports", "lower_per_report", b"lower_per_report", "max_lower", b"max_lower", "max_raise", b"max_raise", "note", b"note", "raise_per_report", b"raise_per_report", "rule", b"rule"]) -> None: ...
+
+Global___ManipulationBudget: typing_extensions.TypeAlias = ManipulationBudget

@@ -5,8 +5,10 @@ import warnings
 
 from deniable.v1 import deniable_pb2 as deniable_dot_v1_dot_deniable__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.63.2'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -16,16 +18,19 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in deniable/v1/deniable_pb2_grpc.py depends on'
+        + f' but the generated code in deniable/v1/deniable_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class ShufflerStub:
+class ShufflerStub(object):
     """Device-facing (and operator-facing) service. Never decrypts.
     """
 
@@ -62,7 +67,7 @@ class ShufflerStub:
                 _registered_method=True)
 
 
-class ShufflerServicer:
+class ShufflerServicer(object):
     """Device-facing (and operator-facing) service. Never decrypts.
     """
 
@@ -128,11 +133,10 @@ def add_ShufflerServicer_to_server(servicer, server):
     generic_handler = grpc.method_handlers_generic_handler(
             'deniable.v1.Shuffler', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('deniable.v1.Shuffler', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Shuffler:
+class Shuffler(object):
     """Device-facing (and operator-facing) service. Never decrypts.
     """
 
@@ -272,7 +276,7 @@ class Shuffler:
             _registered_method=True)
 
 
-class AggregatorStub:
+class AggregatorStub(object):
     """Holds the keys and the counts. Only the shuffler (and operators) call it.
     """
 
@@ -329,7 +333,7 @@ class AggregatorStub:
                 _registered_method=True)
 
 
-class AggregatorServicer:
+class AggregatorServicer(object):
     """Holds the keys and the counts. Only the shuffler (and operators) call it.
     """
 
@@ -440,11 +444,10 @@ def add_AggregatorServicer_to_server(servicer, server):
     generic_handler = grpc.method_handlers_generic_handler(
             'deniable.v1.Aggregator', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('deniable.v1.Aggregator', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Aggregator:
+class Aggregator(object):
     """Holds the keys and the counts. Only the shuffler (and operators) call it.
     """
 

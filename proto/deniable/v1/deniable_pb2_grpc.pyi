@@ -7,192 +7,582 @@ Devices talk to the Shuffler; the Shuffler talks to the Aggregator; operators ta
 The Shuffler sees only envelopes (campaign id, key id, ciphertext): never a plaintext, never a key.
 """
 
-from collections import abc as _abc
-from deniable.v1 import deniable_pb2 as _deniable_pb2
-from grpc import aio as _aio
-import abc as _abc_1
-import grpc as _grpc
+import abc
+import collections.abc
+import deniable.v1.deniable_pb2
+import grpc
+import grpc.aio
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import Self as _Self
+if sys.version_info >= (3, 13):
+    import typing as typing_extensions
 else:
-    from typing_extensions import Self as _Self
+    import typing_extensions
 
-_T = _typing.TypeVar("_T")
+_T = typing.TypeVar("_T")
 
-class _MaybeAsyncIterator(_abc.AsyncIterator[_T], _abc.Iterator[_T], metaclass=_abc_1.ABCMeta): ...
+class _MaybeAsyncIterator(collections.abc.AsyncIterator[_T], collections.abc.Iterator[_T], metaclass=abc.ABCMeta): ...
 
-class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ignore[misc, type-arg]
+class _ServicerContext(grpc.ServicerContext, grpc.aio.ServicerContext):  # type: ignore[misc, type-arg]
     ...
 
 GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
+_ShufflerSubmitReportsType = typing_extensions.TypeVar(
+    '_ShufflerSubmitReportsType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.SubmitReportsRequest,
+        deniable.v1.deniable_pb2.SubmitReportsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.SubmitReportsRequest,
+        deniable.v1.deniable_pb2.SubmitReportsResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.SubmitReportsRequest,
+        deniable.v1.deniable_pb2.SubmitReportsResponse,
+    ],
+)
 
-class ShufflerStub:
+_ShufflerGetCampaignType = typing_extensions.TypeVar(
+    '_ShufflerGetCampaignType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.GetCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.GetCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.GetCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+)
+
+_ShufflerListCampaignsType = typing_extensions.TypeVar(
+    '_ShufflerListCampaignsType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListCampaignsRequest,
+        deniable.v1.deniable_pb2.ListCampaignsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListCampaignsRequest,
+        deniable.v1.deniable_pb2.ListCampaignsResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListCampaignsRequest,
+        deniable.v1.deniable_pb2.ListCampaignsResponse,
+    ],
+)
+
+_ShufflerFlushType = typing_extensions.TypeVar(
+    '_ShufflerFlushType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.FlushRequest,
+        deniable.v1.deniable_pb2.FlushResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.FlushRequest,
+        deniable.v1.deniable_pb2.FlushResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.FlushRequest,
+        deniable.v1.deniable_pb2.FlushResponse,
+    ],
+)
+
+_ShufflerStatsType = typing_extensions.TypeVar(
+    '_ShufflerStatsType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ShufflerStatsRequest,
+        deniable.v1.deniable_pb2.ShufflerStatsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ShufflerStatsRequest,
+        deniable.v1.deniable_pb2.ShufflerStatsResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ShufflerStatsRequest,
+        deniable.v1.deniable_pb2.ShufflerStatsResponse,
+    ],
+)
+
+class ShufflerStub(typing.Generic[_ShufflerSubmitReportsType, _ShufflerGetCampaignType, _ShufflerListCampaignsType, _ShufflerFlushType, _ShufflerStatsType]):
     """Device-facing (and operator-facing) service. Never decrypts."""
 
-    @_typing.overload
-    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
-    @_typing.overload
-    def __new__(cls, channel: _aio.Channel) -> ShufflerAsyncStub: ...
-    SubmitReports: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.SubmitReportsRequest, _deniable_pb2.SubmitReportsResponse]
-    GetCampaign: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.GetCampaignRequest, _deniable_pb2.Campaign]
-    ListCampaigns: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ListCampaignsRequest, _deniable_pb2.ListCampaignsResponse]
-    Flush: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.FlushRequest, _deniable_pb2.FlushResponse]
-    Stats: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ShufflerStatsRequest, _deniable_pb2.ShufflerStatsResponse]
+    @typing.overload
+    def __init__(self: ShufflerStub[
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.SubmitReportsRequest,
+            deniable.v1.deniable_pb2.SubmitReportsResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.GetCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ListCampaignsRequest,
+            deniable.v1.deniable_pb2.ListCampaignsResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.FlushRequest,
+            deniable.v1.deniable_pb2.FlushResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ShufflerStatsRequest,
+            deniable.v1.deniable_pb2.ShufflerStatsResponse,
+        ],
+    ], channel: grpc.Channel) -> None: ...
 
-@_typing.type_check_only
-class ShufflerAsyncStub(ShufflerStub):
+    @typing.overload
+    def __init__(self: ShufflerStub[
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.SubmitReportsRequest,
+            deniable.v1.deniable_pb2.SubmitReportsResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.GetCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ListCampaignsRequest,
+            deniable.v1.deniable_pb2.ListCampaignsResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.FlushRequest,
+            deniable.v1.deniable_pb2.FlushResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ShufflerStatsRequest,
+            deniable.v1.deniable_pb2.ShufflerStatsResponse,
+        ],
+    ], channel: grpc.aio.Channel) -> None: ...
+
+    SubmitReports: _ShufflerSubmitReportsType
+
+    GetCampaign: _ShufflerGetCampaignType
+
+    ListCampaigns: _ShufflerListCampaignsType
+
+    Flush: _ShufflerFlushType
+
+    Stats: _ShufflerStatsType
+
+ShufflerAsyncStub: typing_extensions.TypeAlias = ShufflerStub[
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.SubmitReportsRequest,
+        deniable.v1.deniable_pb2.SubmitReportsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.GetCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListCampaignsRequest,
+        deniable.v1.deniable_pb2.ListCampaignsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.FlushRequest,
+        deniable.v1.deniable_pb2.FlushResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ShufflerStatsRequest,
+        deniable.v1.deniable_pb2.ShufflerStatsResponse,
+    ],
+]
+
+class ShufflerServicer(metaclass=abc.ABCMeta):
     """Device-facing (and operator-facing) service. Never decrypts."""
 
-    def __init__(self, channel: _aio.Channel) -> None: ...
-    SubmitReports: _aio.UnaryUnaryMultiCallable[_deniable_pb2.SubmitReportsRequest, _deniable_pb2.SubmitReportsResponse]  # type: ignore[assignment]
-    GetCampaign: _aio.UnaryUnaryMultiCallable[_deniable_pb2.GetCampaignRequest, _deniable_pb2.Campaign]  # type: ignore[assignment]
-    ListCampaigns: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ListCampaignsRequest, _deniable_pb2.ListCampaignsResponse]  # type: ignore[assignment]
-    Flush: _aio.UnaryUnaryMultiCallable[_deniable_pb2.FlushRequest, _deniable_pb2.FlushResponse]  # type: ignore[assignment]
-    Stats: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ShufflerStatsRequest, _deniable_pb2.ShufflerStatsResponse]  # type: ignore[assignment]
-
-class ShufflerServicer(metaclass=_abc_1.ABCMeta):
-    """Device-facing (and operator-facing) service. Never decrypts."""
-
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def SubmitReports(
         self,
-        request: _deniable_pb2.SubmitReportsRequest,
+        request: deniable.v1.deniable_pb2.SubmitReportsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.SubmitReportsResponse, _abc.Awaitable[_deniable_pb2.SubmitReportsResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.SubmitReportsResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.SubmitReportsResponse]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def GetCampaign(
         self,
-        request: _deniable_pb2.GetCampaignRequest,
+        request: deniable.v1.deniable_pb2.GetCampaignRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.Campaign, _abc.Awaitable[_deniable_pb2.Campaign]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def ListCampaigns(
         self,
-        request: _deniable_pb2.ListCampaignsRequest,
+        request: deniable.v1.deniable_pb2.ListCampaignsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.ListCampaignsResponse, _abc.Awaitable[_deniable_pb2.ListCampaignsResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.ListCampaignsResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.ListCampaignsResponse]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Flush(
         self,
-        request: _deniable_pb2.FlushRequest,
+        request: deniable.v1.deniable_pb2.FlushRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.FlushResponse, _abc.Awaitable[_deniable_pb2.FlushResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.FlushResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.FlushResponse]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Stats(
         self,
-        request: _deniable_pb2.ShufflerStatsRequest,
+        request: deniable.v1.deniable_pb2.ShufflerStatsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.ShufflerStatsResponse, _abc.Awaitable[_deniable_pb2.ShufflerStatsResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.ShufflerStatsResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.ShufflerStatsResponse]]: ...
 
-def add_ShufflerServicer_to_server(servicer: ShufflerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+def add_ShufflerServicer_to_server(servicer: ShufflerServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...
 
-class AggregatorStub:
+_AggregatorCreateCampaignType = typing_extensions.TypeVar(
+    '_AggregatorCreateCampaignType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.CreateCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.CreateCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.CreateCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+)
+
+_AggregatorGetCampaignType = typing_extensions.TypeVar(
+    '_AggregatorGetCampaignType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.GetCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.GetCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.GetCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+)
+
+_AggregatorListCampaignsType = typing_extensions.TypeVar(
+    '_AggregatorListCampaignsType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListCampaignsRequest,
+        deniable.v1.deniable_pb2.ListCampaignsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListCampaignsRequest,
+        deniable.v1.deniable_pb2.ListCampaignsResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListCampaignsRequest,
+        deniable.v1.deniable_pb2.ListCampaignsResponse,
+    ],
+)
+
+_AggregatorIngestBatchType = typing_extensions.TypeVar(
+    '_AggregatorIngestBatchType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ShuffledBatch,
+        deniable.v1.deniable_pb2.IngestBatchResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ShuffledBatch,
+        deniable.v1.deniable_pb2.IngestBatchResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ShuffledBatch,
+        deniable.v1.deniable_pb2.IngestBatchResponse,
+    ],
+)
+
+_AggregatorBinarySumType = typing_extensions.TypeVar(
+    '_AggregatorBinarySumType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.QueryRequest,
+        deniable.v1.deniable_pb2.QueryResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.QueryRequest,
+        deniable.v1.deniable_pb2.QueryResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.QueryRequest,
+        deniable.v1.deniable_pb2.QueryResponse,
+    ],
+)
+
+_AggregatorHistogramType = typing_extensions.TypeVar(
+    '_AggregatorHistogramType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.QueryRequest,
+        deniable.v1.deniable_pb2.QueryResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.QueryRequest,
+        deniable.v1.deniable_pb2.QueryResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.QueryRequest,
+        deniable.v1.deniable_pb2.QueryResponse,
+    ],
+)
+
+_AggregatorListKeysType = typing_extensions.TypeVar(
+    '_AggregatorListKeysType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListKeysRequest,
+        deniable.v1.deniable_pb2.ListKeysResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListKeysRequest,
+        deniable.v1.deniable_pb2.ListKeysResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListKeysRequest,
+        deniable.v1.deniable_pb2.ListKeysResponse,
+    ],
+)
+
+_AggregatorCloseCampaignType = typing_extensions.TypeVar(
+    '_AggregatorCloseCampaignType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.CloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.CloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.CloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+)
+
+_AggregatorReleaseBelowNMinType = typing_extensions.TypeVar(
+    '_AggregatorReleaseBelowNMinType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+)
+
+class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorCloseCampaignType, _AggregatorReleaseBelowNMinType]):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
 
-    @_typing.overload
-    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
-    @_typing.overload
-    def __new__(cls, channel: _aio.Channel) -> AggregatorAsyncStub: ...
-    CreateCampaign: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.CreateCampaignRequest, _deniable_pb2.Campaign]
-    GetCampaign: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.GetCampaignRequest, _deniable_pb2.Campaign]
-    ListCampaigns: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ListCampaignsRequest, _deniable_pb2.ListCampaignsResponse]
-    IngestBatch: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ShuffledBatch, _deniable_pb2.IngestBatchResponse]
-    BinarySum: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]
-    Histogram: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]
-    ListKeys: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ListKeysRequest, _deniable_pb2.ListKeysResponse]
-    CloseCampaign: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.CloseCampaignRequest, _deniable_pb2.Campaign]
+    @typing.overload
+    def __init__(self: AggregatorStub[
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.CreateCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.GetCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ListCampaignsRequest,
+            deniable.v1.deniable_pb2.ListCampaignsResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ShuffledBatch,
+            deniable.v1.deniable_pb2.IngestBatchResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.QueryRequest,
+            deniable.v1.deniable_pb2.QueryResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.QueryRequest,
+            deniable.v1.deniable_pb2.QueryResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ListKeysRequest,
+            deniable.v1.deniable_pb2.ListKeysResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.CloseCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+    ], channel: grpc.Channel) -> None: ...
+
+    @typing.overload
+    def __init__(self: AggregatorStub[
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.CreateCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.GetCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ListCampaignsRequest,
+            deniable.v1.deniable_pb2.ListCampaignsResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ShuffledBatch,
+            deniable.v1.deniable_pb2.IngestBatchResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.QueryRequest,
+            deniable.v1.deniable_pb2.QueryResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.QueryRequest,
+            deniable.v1.deniable_pb2.QueryResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ListKeysRequest,
+            deniable.v1.deniable_pb2.ListKeysResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.CloseCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+    ], channel: grpc.aio.Channel) -> None: ...
+
+    CreateCampaign: _AggregatorCreateCampaignType
+
+    GetCampaign: _AggregatorGetCampaignType
+
+    ListCampaigns: _AggregatorListCampaignsType
+
+    IngestBatch: _AggregatorIngestBatchType
+
+    BinarySum: _AggregatorBinarySumType
+
+    Histogram: _AggregatorHistogramType
+
+    ListKeys: _AggregatorListKeysType
+
+    CloseCampaign: _AggregatorCloseCampaignType
     """--- batch --- (operator only)"""
-    ReleaseBelowNMin: _grpc.UnaryUnaryMultiCallable[_deniable_pb2.ReleaseBelowNMinRequest, _deniable_pb2.Campaign]
 
-@_typing.type_check_only
-class AggregatorAsyncStub(AggregatorStub):
+    ReleaseBelowNMin: _AggregatorReleaseBelowNMinType
+
+AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.CreateCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.GetCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListCampaignsRequest,
+        deniable.v1.deniable_pb2.ListCampaignsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ShuffledBatch,
+        deniable.v1.deniable_pb2.IngestBatchResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.QueryRequest,
+        deniable.v1.deniable_pb2.QueryResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.QueryRequest,
+        deniable.v1.deniable_pb2.QueryResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ListKeysRequest,
+        deniable.v1.deniable_pb2.ListKeysResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.CloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+]
+
+class AggregatorServicer(metaclass=abc.ABCMeta):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
 
-    def __init__(self, channel: _aio.Channel) -> None: ...
-    CreateCampaign: _aio.UnaryUnaryMultiCallable[_deniable_pb2.CreateCampaignRequest, _deniable_pb2.Campaign]  # type: ignore[assignment]
-    GetCampaign: _aio.UnaryUnaryMultiCallable[_deniable_pb2.GetCampaignRequest, _deniable_pb2.Campaign]  # type: ignore[assignment]
-    ListCampaigns: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ListCampaignsRequest, _deniable_pb2.ListCampaignsResponse]  # type: ignore[assignment]
-    IngestBatch: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ShuffledBatch, _deniable_pb2.IngestBatchResponse]  # type: ignore[assignment]
-    BinarySum: _aio.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]  # type: ignore[assignment]
-    Histogram: _aio.UnaryUnaryMultiCallable[_deniable_pb2.QueryRequest, _deniable_pb2.QueryResponse]  # type: ignore[assignment]
-    ListKeys: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ListKeysRequest, _deniable_pb2.ListKeysResponse]  # type: ignore[assignment]
-    CloseCampaign: _aio.UnaryUnaryMultiCallable[_deniable_pb2.CloseCampaignRequest, _deniable_pb2.Campaign]  # type: ignore[assignment]
-    """--- batch --- (operator only)"""
-    ReleaseBelowNMin: _aio.UnaryUnaryMultiCallable[_deniable_pb2.ReleaseBelowNMinRequest, _deniable_pb2.Campaign]  # type: ignore[assignment]
-
-class AggregatorServicer(metaclass=_abc_1.ABCMeta):
-    """Holds the keys and the counts. Only the shuffler (and operators) call it."""
-
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def CreateCampaign(
         self,
-        request: _deniable_pb2.CreateCampaignRequest,
+        request: deniable.v1.deniable_pb2.CreateCampaignRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.Campaign, _abc.Awaitable[_deniable_pb2.Campaign]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def GetCampaign(
         self,
-        request: _deniable_pb2.GetCampaignRequest,
+        request: deniable.v1.deniable_pb2.GetCampaignRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.Campaign, _abc.Awaitable[_deniable_pb2.Campaign]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def ListCampaigns(
         self,
-        request: _deniable_pb2.ListCampaignsRequest,
+        request: deniable.v1.deniable_pb2.ListCampaignsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.ListCampaignsResponse, _abc.Awaitable[_deniable_pb2.ListCampaignsResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.ListCampaignsResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.ListCampaignsResponse]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def IngestBatch(
         self,
-        request: _deniable_pb2.ShuffledBatch,
+        request: deniable.v1.deniable_pb2.ShuffledBatch,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.IngestBatchResponse, _abc.Awaitable[_deniable_pb2.IngestBatchResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.IngestBatchResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.IngestBatchResponse]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def BinarySum(
         self,
-        request: _deniable_pb2.QueryRequest,
+        request: deniable.v1.deniable_pb2.QueryRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.QueryResponse, _abc.Awaitable[_deniable_pb2.QueryResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.QueryResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.QueryResponse]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Histogram(
         self,
-        request: _deniable_pb2.QueryRequest,
+        request: deniable.v1.deniable_pb2.QueryRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.QueryResponse, _abc.Awaitable[_deniable_pb2.QueryResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.QueryResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.QueryResponse]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def ListKeys(
         self,
-        request: _deniable_pb2.ListKeysRequest,
+        request: deniable.v1.deniable_pb2.ListKeysRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.ListKeysResponse, _abc.Awaitable[_deniable_pb2.ListKeysResponse]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.ListKeysResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.ListKeysResponse]]: ...
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def CloseCampaign(
         self,
-        request: _deniable_pb2.CloseCampaignRequest,
+        request: deniable.v1.deniable_pb2.CloseCampaignRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.Campaign, _abc.Awaitable[_deniable_pb2.Campaign]]:
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]:
         """--- batch --- (operator only)"""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def ReleaseBelowNMin(
         self,
-        request: _deniable_pb2.ReleaseBelowNMinRequest,
+        request: deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_deniable_pb2.Campaign, _abc.Awaitable[_deniable_pb2.Campaign]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]: ...
 
-def add_AggregatorServicer_to_server(servicer: AggregatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+def add_AggregatorServicer_to_server(servicer: AggregatorServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

@@ -156,6 +156,11 @@ class ScriptedRng(Csprng):
         assert len(out) == count
         return out
 
+    def bytes(self, count: int) -> bytes:
+        """The same draws as little-endian 64-bit words (the scalar, numpy-free ``randomise`` reads these)."""
+        assert count % 8 == 0
+        return self.uint64_array(count // 8).astype("<u8").tobytes()
+
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("d", [2, 9, 16])

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The SDK at the lowest versions pyproject.toml allows (ADR 0017): a venv in build/lowest with every
+# runtime floor of the bare install and [server] pinned exactly (grpcio, protobuf, cryptography,
+# numpy, ...), then the SDK tests: client, packaging, golden vectors, independent client.
+# Reuses the pip cache; about a minute when the wheels are cached. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=build/lowest
+rm -rf "$venv"
+python3 -m venv "$venv"
+# "name>=floor" of the bare dependencies and of [server] become "name==floor".
+"$venv/bin/python" - > "$venv/constraints.txt" <<'PY'
+import re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+for requirement in project["dependencies"] + project["optional-dependencies"]["server"]:
+    match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([^,\s]+).*", requirement)
+    if match:
+        print(f"{match[1]}=={match[2]}")
+PY
+echo "== lowest allowed versions"; cat "$venv/constraints.txt"
+"$venv/bin/python" -m pip install -q -c "$venv/constraints.txt" -e ".[server]" \
+  "pytest>=8" "pytest-asyncio>=1.0" "pytest-timeout>=2.3"
+"$venv/bin/python" -m pip check
+"$venv/bin/python" - <<'PY'
+from importlib.metadata import version
+for name in ("grpcio", "protobuf", "cryptography", "numpy"):
+    print(f"installed {name} {version(name)}")
+PY
+"$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  tests/client/test_reporter.py tests/client/test_outbox.py tests/client/test_budget.py \
+  tests/client/test_backoff.py tests/client/test_grpc_transport.py tests/client/test_sync_and_fetch.py \
+  tests/client/test_package.py tests/core/test_wire.py tests/core/test_crypto.py \
+  tests/test_wire_vectors.py tests/sdk "$@"

@@ -1,0 +1,60 @@
+"""Issue 8 item 8 end to end: every query answer states its manipulation budget, and m fake
+well-formed reports sent through the real ingest path move the estimate no further than stated."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from deniable.aggregator.handlers import AggregatorHandlers
+from deniable.cli.render import answer_json, manipulation_line
+from deniable.core.campaigns import randomiser_for
+from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
+    from conftest import Kit
+
+
+async def test_fake_reports_move_the_estimate_within_the_stated_budget(
+    handlers: AggregatorHandlers, kit: Kit
+) -> None:
+    campaign = await handlers.create_campaign(kit.categorical_request(epsilon0=1.0))
+    honest = [kit.seal(campaign, i % 3).report for i in range(1000)]
+    await handlers.ingest_batch(kit.batch_of(campaign.id, honest, "honest"))
+    before = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
+    budget = before.manipulation
+    assert budget.computed and budget.fake_reports == 10 and "1%" in budget.rule
+    assert len(budget.max_raise) == len(budget.max_lower) == 3
+    target = 2  # the attacker's bucket: m copies of the payload that pushes it up most
+    payload = randomiser_for(campaign).fake_payloads()[target]  # type: ignore[index]
+    fakes = [kit.seal(campaign, payload=payload).report for _ in range(budget.fake_reports)]
+    await handlers.ingest_batch(kit.batch_of(campaign.id, fakes, "fakes"))
+    after = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
+    for j, (old, new) in enumerate(zip(before.buckets, after.buckets, strict=True)):
+        moved = new.estimate - old.estimate
+        assert -budget.max_lower[j] - 1e-6 <= moved <= budget.max_raise[j] + 1e-6
+    moved_target = after.buckets[target].estimate - before.buckets[target].estimate
+    assert moved_target == pytest.approx(budget.max_raise[target], rel=1e-6)  # attained
+    assert moved_target > 0.99 * budget.max_raise[target]  # a smaller bound would be violated
+
+
+async def test_the_budget_is_shown_in_text_and_json(handlers: AggregatorHandlers, kit: Kit) -> None:
+    campaign = await handlers.create_campaign(kit.binary_request())
+    batch = [kit.seal(campaign, i % 2).report for i in range(200)]
+    await handlers.ingest_batch(kit.batch_of(campaign.id, batch, "b"))
+    answer = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=True)
+    line = manipulation_line(answer)
+    assert line.startswith("manipulation: 2 fake well-formed reports") and "raise" in line
+    shown = answer_json(answer)["manipulation"]
+    assert shown["fake_reports"] == 2 and shown["computed"] is True
+    assert [b["label"] for b in shown["buckets"]] == ["no", "yes"]
+    assert shown["buckets"][1]["max_raise"] == pytest.approx(2 * shown["buckets"][1]["max_raise_per_report"])
+
+
+async def test_mechanisms_without_a_derived_bound_say_so(handlers: AggregatorHandlers, kit: Kit) -> None:
+    labels = [f"l{i}" for i in range(300)]
+    campaign = await handlers.create_campaign(kit.categorical_request("wide", labels, epsilon0=1.0))
+    answer = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
+    assert not answer.manipulation.computed and answer.manipulation.note
+    assert "not derived" in manipulation_line(answer)

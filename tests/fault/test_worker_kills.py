@@ -1,0 +1,220 @@
+"""Kill harness for issue 16: while batches are forwarded (retried until acknowledged, as the
+shuffler does), SIGKILL single decrypt workers and, now and then, the aggregator itself, restarting
+it at once on the same port and data. Afterwards: counted == acknowledged == sent, no duplicate,
+nothing lost, no process of any aggregator left alive.
+
+Default run: a short version (6 kills). ``pytest -m slow tests/fault`` runs 100 kills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random as simulation_random  # kill timing only: test scheduling, never privacy noise
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from deniable.core.batches import batch_digest
+from deniable.core.campaigns import randomiser_for
+from deniable.core.crypto import PublicKey, seal_report
+from deniable.core.service import insecure_channel
+from deniable.core.wire import Plaintext, encode, new_report_id
+from deniable.v1 import deniable_pb2 as pb
+from deniable.v1 import deniable_pb2_grpc as pb_grpc
+
+CLI = [sys.executable, "-m", "deniable.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = {int(k) for k in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo.extend(kids - found)
+            found |= kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class Harness:
+    """One aggregator process at a time on a fixed port and data directory."""
+
+    data_dir: Path
+    port: int = field(default_factory=_free_port)
+    process: subprocess.Popen[bytes] | None = None
+    seen: set[int] = field(default_factory=set)
+    restarts: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *CLI,
+                "aggregator",
+                "serve",
+                "--insecure",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen",
+                self.address,
+                "--decrypt-workers",
+                "2",
+            ],
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        async with insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                assert self.process.poll() is None, self.process.stderr.read() if self.process.stderr else ""
+                try:
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.aio.AioRpcError:
+                    pass
+                assert time.monotonic() < deadline, "aggregator did not come up"
+                await asyncio.sleep(0.05)
+        self.seen |= {self.process.pid, *_children(self.process.pid)}
+
+    def workers(self) -> list[int]:
+        assert self.process is not None
+        return sorted(_children(self.process.pid))
+
+    async def kill_and_restart(self) -> None:
+        assert self.process is not None
+        self.seen |= _children(self.process.pid)
+        self.process.kill()
+        self.process.wait(timeout=10)
+        self.restarts += 1
+        await self.start()  # at once, same port: must succeed first time
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.seen |= _children(self.process.pid)
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=20)
+
+
+def _batches(campaign: pb.Campaign, count: int, size: int) -> list[pb.ShuffledBatch]:
+    randomiser = randomiser_for(campaign)
+    key = PublicKey(campaign.key_id, campaign.public_key)
+    out = []
+    for b in range(count):
+        reports = []
+        for i in range(size):
+            payload = randomiser.randomise((b + i) % 2)
+            plaintext = encode(
+                Plaintext(new_report_id(), campaign.id, key.key_id, payload), campaign.plaintext_length
+            )
+            reports.append(
+                pb.EncryptedReport(
+                    campaign_id=campaign.id,
+                    key_id=key.key_id,
+                    ciphertext=seal_report(plaintext, key, campaign.id),
+                )
+            )
+        digest = batch_digest(r.ciphertext for r in reports)
+        out.append(
+            pb.ShuffledBatch(batch_id=f"batch-{b}", campaign_id=campaign.id, reports=reports, digest=digest)
+        )
+    return out
+
+
+async def _forward(harness: Harness, batch: pb.ShuffledBatch, acked: dict[str, int]) -> None:
+    """Resend the same batch until acknowledged (the shuffler's forwarder does the same)."""
+    while True:
+        try:
+            async with insecure_channel(harness.address) as channel:
+                await pb_grpc.AggregatorStub(channel).IngestBatch(batch, timeout=30)
+            acked[batch.batch_id] = len(batch.reports)
+            return
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.CANCELLED,
+            ), exc
+            await asyncio.sleep(0.05)
+
+
+async def _run(tmp_path: Path, kills: int, batches: int, size: int) -> None:
+    harness = Harness(tmp_path / "agg")
+    chooser = simulation_random.Random(20261126)
+    await harness.start()
+    try:
+        async with insecure_channel(harness.address) as channel:
+            campaign = await pb_grpc.AggregatorStub(channel).CreateCampaign(
+                pb.CreateCampaignRequest(id="fault", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=1),
+                timeout=30,
+            )
+        work = _batches(campaign, batches, size)
+        acked: dict[str, int] = {}
+        senders = [asyncio.ensure_future(_forward(harness, b, acked)) for b in work]
+        worker_kills = service_kills = 0
+        while worker_kills + service_kills < kills and not all(s.done() for s in senders):
+            await asyncio.sleep(chooser.uniform(0.05, 0.4))
+            if chooser.random() < 0.15:
+                await harness.kill_and_restart()
+                service_kills += 1
+            else:
+                workers = harness.workers()
+                if workers:
+                    os.kill(chooser.choice(workers), signal.SIGKILL)
+                    worker_kills += 1
+        await asyncio.wait_for(asyncio.gather(*senders), 300)
+        async with insecure_channel(harness.address) as channel:
+            answer = await pb_grpc.AggregatorStub(channel).BinarySum(
+                pb.QueryRequest(campaign_id=campaign.id), timeout=30
+            )
+        sent = batches * size
+        acknowledged = sum(acked.values())
+        print(
+            f"kills={worker_kills + service_kills} (workers {worker_kills}, aggregator {service_kills})"
+            f" acknowledged={acknowledged} counted={answer.n} duplicates={answer.rejected}"
+            f" lost={sent - answer.n}"
+        )
+        assert acknowledged == sent == answer.n and answer.rejected == 0
+        assert worker_kills + service_kills >= min(kills, 3)
+    finally:
+        await harness.stop()
+    time.sleep(1.0)
+    assert [pid for pid in harness.seen if _alive(pid)] == []  # no orphaned process
+
+
+async def test_worker_and_service_kills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    await _run(tmp_path, kills=6, batches=12, size=300)
+
+
+@pytest.mark.slow
+async def test_worker_and_service_kills_full(tmp_path: Path) -> None:
+    await _run(tmp_path, kills=100, batches=200, size=500)

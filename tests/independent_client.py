@@ -1,0 +1,298 @@
+"""A second, independent client written from docs/wire.md alone: no deniable import.
+
+Only the standard library, ``struct`` for the layout and ``cryptography`` for HPKE. Two uses:
+
+    python tests/independent_client.py check tests/vectors
+        recompute every local randomiser's thresholds and payloads (binary_rr, grr, sue, oue,
+        subset_selection, hadamard_response, olh at g = 4), the plaintexts and the HPKE info of
+        the golden vectors, and open their ciphertexts; exit 1 on the first mismatch
+    python tests/independent_client.py seal PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID PLAINTEXT_LENGTH \
+        MECHANISM EPSILON0 DOMAIN_SIZE VALUE
+        print the hex ciphertext (enc || ct) of one fresh report
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import sys
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hpke
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+SCALE = 1 << 64
+OTHER_WEIGHT = 1 << 40
+SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
+Draw = Callable[[int], bytes]
+
+
+def exp_lower_bound(x: float) -> Fraction:
+    """wire.md §6.0: Taylor terms summed until k > x and term < 2**-96 * total, floored to 2**-64."""
+    exact, total, term, k = Fraction(x), Fraction(0), Fraction(1), 0
+    while True:
+        total += term
+        k += 1
+        term = term * exact / k
+        if k > exact and term < Fraction(1, 1 << 96) * total:
+            return Fraction(math.floor(total * SCALE), SCALE)
+
+
+def randbits(draw: Draw, bits: int) -> int:
+    """wire.md §6.0: ceil(bits/8) bytes, big-endian, shifted right to ``bits`` bits."""
+    return int.from_bytes(draw((bits + 7) // 8), "big") >> ((8 - bits % 8) % 8)
+
+
+def randbelow(draw: Draw, upper: int) -> int:
+    """wire.md §6.0: rejection on bit_length(upper) bits."""
+    while (candidate := randbits(draw, upper.bit_length())) >= upper:
+        pass
+    return candidate
+
+
+def payload_length(domain_size: int) -> int:
+    return max(1, (max(domain_size - 1, 1).bit_length() + 7) // 8)
+
+
+def randomise(
+    mechanism: str, epsilon0: float, d: int, value: int, draw: Draw
+) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.1 and §6.2: binary_rr and grr; the payload and the thresholds used."""
+    bound = exp_lower_bound(epsilon0)
+    if mechanism == "binary_rr":
+        keep = math.floor(SCALE * bound / (1 + bound))
+        flip = int(randbits(draw, 64) >= keep)
+        return bytes([value ^ flip]), {"keep_threshold": keep}
+    if mechanism == "grr":
+        keep_weight = math.floor(bound * OTHER_WEIGHT)
+        total = keep_weight + (d - 1) * OTHER_WEIGHT
+        r = randbelow(draw, total)
+        other_index = max(r - keep_weight, 0) // OTHER_WEIGHT
+        other = other_index + int(other_index >= value)
+        keep = int(r < keep_weight)
+        chosen = keep * value + (1 - keep) * other  # selected arithmetically, no branch on the value
+        return chosen.to_bytes(payload_length(d), "big"), {"keep_weight": keep_weight, "total_weight": total}
+    if mechanism in ("sue", "oue"):
+        return unary(mechanism, bound, d, value, draw)
+    if mechanism == "subset_selection":
+        return subset(epsilon0, bound, d, value, draw)
+    if mechanism == "hadamard_response":
+        return hadamard(bound, d, value, draw)
+    if mechanism == "olh":
+        return olh(bound, d, value, draw)
+    raise SystemExit(f"this client does not implement {mechanism}")
+
+
+def bitmap(d: int, members: list[int]) -> bytes:
+    """wire.md §6.3: category j is bit 7 - j % 8 of byte j // 8; spare bits zero."""
+    out = bytearray((d + 7) // 8)
+    for j in members:
+        out[j // 8] |= 0x80 >> (j % 8)
+    return bytes(out)
+
+
+def unary(mechanism: str, bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.3: thresholds A, Z; d little-endian 64-bit words; bit j = w_j < Z + [j = v](A - Z)."""
+    if mechanism == "sue":
+        n, m = bound.numerator, bound.denominator
+        low, high = SCALE // 2, SCALE - 1
+        if high * high * m <= n * (SCALE - high) ** 2:
+            low = high
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if mid * mid * m <= n * (SCALE - mid) ** 2 else (low, mid)
+        own, other = low, SCALE - low
+    else:
+        own, other = SCALE // 2, math.ceil(SCALE / (1 + bound))
+    words = [struct.unpack("<Q", draw(8))[0] for _ in range(d)]
+    members = [j for j in range(d) if words[j] < other + int(j == value) * (own - other)]
+    return bitmap(d, members), {"own_threshold": own, "other_threshold": other}
+
+
+def subset(epsilon0: float, bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.4 with the default subset size."""
+    omega = max(1, round(d / (math.exp(epsilon0) + 1)))
+    threshold = math.floor(SCALE * bound * omega / (bound * omega + d - omega))
+    include = int(randbits(draw, 64) < threshold)
+    moved: dict[int, int] = {}
+    picks = []
+    for j in range(omega):
+        r = j + randbelow(draw, d - 1 - j)
+        picks.append(moved.get(r, r))
+        moved[r] = moved.get(j, j)
+    chosen = [p + int(p >= value) for p in picks]
+    chosen[-1] = include * value + (1 - include) * chosen[-1]
+    return bitmap(d, chosen), {"include_threshold": threshold, "subset_size": omega}
+
+
+def hadamard(bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.5."""
+    order = 1 << d.bit_length()
+    threshold = math.floor(SCALE * bound / (1 + bound))
+    inside = int(randbits(draw, 64) < threshold)
+    pos = randbits(draw, order.bit_length() - 2)
+    w = value + 1
+    m = w & -w
+    low = m - 1
+    base = ((pos - (pos & low)) << 1) | (pos & low)
+    inner = base | ((bin(base & w).count("1") & 1) * m)
+    index = inside * inner + (1 - inside) * (inner ^ m)
+    width = (order.bit_length() - 1 + 7) // 8
+    return index.to_bytes(width, "big"), {"inside_threshold": threshold, "order": order}
+
+
+def gf_tables(p: int, k: int) -> tuple[Callable[[int, int], int], Callable[[int, int], int]]:
+    """wire.md §6.6: GF(p^k) add and multiply, modulo the first primitive x^k + sum c_i x^i."""
+    q = p**k
+
+    def poly_mul(a: int, b: int, coeffs: list[int]) -> int:
+        da = [(a // p**i) % p for i in range(k)]
+        db = [(b // p**i) % p for i in range(k)]
+        prod = [0] * (2 * k - 1)
+        for i, x in enumerate(da):
+            for j, y in enumerate(db):
+                prod[i + j] = (prod[i + j] + x * y) % p
+        for top in range(2 * k - 2, k - 1, -1):  # x^k = -sum c_i x^i
+            c, prod[top] = prod[top], 0
+            for i in range(k):
+                prod[top - k + i] = (prod[top - k + i] - c * coeffs[i]) % p
+        return sum(prod[i] * p**i for i in range(k))
+
+    for low in range(1, q):
+        coeffs = [(low // p**i) % p for i in range(k)]
+        if coeffs[0] == 0:
+            continue
+        x, power, order = p if k > 1 else 1, 1, 0
+        while True:
+            power, order = poly_mul(power, x, coeffs), order + 1
+            if power == 1:
+                break
+        if order == q - 1:
+            break
+
+    def add(a: int, b: int) -> int:
+        return sum((((a // p**i) + (b // p**i)) % p) * p**i for i in range(k))
+
+    return add, lambda a, b: poly_mul(a, b, coeffs)
+
+
+def olh(bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[str, int]]:
+    """wire.md §6.6 with g = 4 (the vectors' g at epsilon0 = 1): p = 2, k = 2."""
+    g, p, k = 4, 2, 2
+    add, mul = gf_tables(p, k)
+    powers = [1]
+    while powers[-1] < d:
+        powers.append(powers[-1] * g)
+    r = len(powers) - 1
+    offsets = [(pw - 1) // (g - 1) for pw in powers]
+    seeds = offsets[r]
+    s = randbelow(draw, seeds)
+    keep_weight = math.floor(bound * OTHER_WEIGHT)
+    total = keep_weight + (g - 1) * OTHER_WEIGHT
+    r2 = randbelow(draw, total)
+    lead = sum(1 for i in range(1, r) if offsets[i] <= s)
+    low = s - offsets[lead]
+    y = (value // powers[lead]) % g
+    for i in range(r):
+        y = add(y, mul((low // powers[i]) % g, (value // powers[i]) % g))
+    keep = int(r2 < keep_weight)
+    other_index = max(r2 - keep_weight, 0) // OTHER_WEIGHT
+    chosen = keep * y + (1 - keep) * (other_index + int(other_index >= y))
+    seed_bytes = max(1, ((seeds - 1).bit_length() + 7) // 8)
+    bucket_bytes = max(1, ((g - 1).bit_length() + 7) // 8)
+    payload = s.to_bytes(seed_bytes, "big") + chosen.to_bytes(bucket_bytes, "big")
+    return payload, {"keep_weight": keep_weight, "total_weight": total, "seeds": seeds, "g": g}
+
+
+def plaintext(report_id: bytes, campaign_id: str, key_id: int, payload: bytes, length: int) -> bytes:
+    """wire.md §3: version 1, report id, key id, campaign id (length + 64 bytes), payload, zeros."""
+    campaign = campaign_id.encode()
+    head = struct.pack(">B16sIB64sH", 1, report_id, key_id, len(campaign), campaign, len(payload))
+    body = head + payload
+    return body + bytes(length - len(body))
+
+
+def info(campaign_id: str, key_id: int) -> bytes:
+    """wire.md §4: b"deniable/v1/report" || u16 length || campaign id || u32 key id."""
+    campaign = campaign_id.encode()
+    return b"deniable/v1/report" + struct.pack(">H", len(campaign)) + campaign + struct.pack(">I", key_id)
+
+
+def seal(public_key: bytes, campaign_id: str, key_id: int, length: int, payload: bytes) -> bytes:
+    """A fresh report id, the padded plaintext, HPKE base mode to the aggregator key."""
+    data = plaintext(os.urandom(16), campaign_id, key_id, payload, length)
+    return SUITE.encrypt(data, X25519PublicKey.from_public_bytes(public_key), info=info(campaign_id, key_id))
+
+
+def _stream(data: bytes) -> Draw:
+    position = 0
+
+    def draw(count: int) -> bytes:
+        nonlocal position
+        out, position = data[position : position + count], position + count
+        if len(out) != count:
+            raise SystemExit("the vector's randomness ran out")
+        return out
+
+    return draw
+
+
+def check(folder: Path) -> None:
+    """Reproduce the vectors this client implements; raise SystemExit on any mismatch."""
+    checked = 0
+    for vector in json.loads((folder / "mechanisms.json").read_text()):
+        for case in vector["cases"]:
+            payload, thresholds = randomise(
+                vector["mechanism"],
+                vector["epsilon0"],
+                vector["domain_size"],
+                case["value"],
+                _stream(bytes.fromhex(case["randomness"])),
+            )
+            if payload.hex() != case["payload"] or thresholds != vector["thresholds"]:
+                raise SystemExit(
+                    f"mechanism vector mismatch: {vector['mechanism']} {case}: {payload.hex()} {thresholds}"
+                    f" != {vector['thresholds']}"
+                )
+            checked += 1
+    for group in json.loads((folder / "plaintext.json").read_text()):
+        for case in group["valid"]:
+            made = plaintext(
+                bytes.fromhex(case["report_id"]),
+                case["campaign_id"],
+                case["key_id"],
+                bytes.fromhex(case["payload"]),
+                case["plaintext_length"],
+            )
+            if made.hex() != case["plaintext"]:
+                raise SystemExit(f"plaintext vector mismatch: {case['campaign_id']}")
+            checked += 1
+    envelope = json.loads((folder / "envelope.json").read_text())
+    private = X25519PrivateKey.from_private_bytes(bytes.fromhex(envelope["recipient_private_key"]))
+    for case in envelope["sealed"]:
+        context = info(case["campaign_id"], case["key_id"])
+        opened = SUITE.decrypt(bytes.fromhex(case["ciphertext"]), private, info=context)
+        if context.hex() != case["info"] or opened.hex() != case["plaintext"]:
+            raise SystemExit(f"envelope vector mismatch: {case['campaign_id']}")
+        checked += 1
+    print(f"{checked} vectors reproduced")
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["check"]:
+        check(Path(argv[1]))
+        return
+    if argv[:1] == ["seal"] and len(argv) == 9:
+        key, campaign, key_id, length, mechanism, epsilon0, d, value = argv[1:]
+        payload, _ = randomise(mechanism, float(epsilon0), int(d), int(value), os.urandom)
+        print(seal(bytes.fromhex(key), campaign, int(key_id), int(length), payload).hex())
+        return
+    raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

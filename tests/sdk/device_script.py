@@ -1,0 +1,52 @@
+"""A device as an app embeds the SDK: fetch a campaign, record one answer, send it (no event loop).
+
+Run as ``python device_script.py SHUFFLER CAMPAIGN OUTBOX VALUE [--block]``; ``--block`` makes every
+server-side package unimportable first, as in a bare ``pip install deniable``. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import sys
+from pathlib import Path
+
+SERVER_ONLY = (
+    "numpy",
+    "scipy",
+    "matplotlib",
+    "asyncpg",
+    "prometheus_client",
+    "aiomqtt",
+    "tqdm",
+    "grpc_health",
+)
+
+
+class _Block(importlib.abc.MetaPathFinder):
+    """Refuses the server-only packages, as if they were not installed."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.partition(".")[0] in SERVER_ONLY:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+
+
+def main() -> None:
+    """Send one report and say what was acknowledged and which server packages got imported."""
+    address, campaign_id, outbox_path, value, ca = sys.argv[1:6]
+    if "--block" in sys.argv[6:]:
+        sys.meta_path.insert(0, _Block())
+    from deniable.client import ClientTls, GrpcTransport, Outbox, SyncReporter
+
+    outbox = Outbox(outbox_path)
+    transport = GrpcTransport(address, tls=ClientTls(ca=Path(ca)))
+    with SyncReporter.fetch(campaign_id, transport, outbox, give_up_after_s=30) as reporter:
+        reporter.record(int(value))
+        result = reporter.send_pending()
+    outbox.close()
+    loaded = sorted(m for m in SERVER_ONLY if m in sys.modules)
+    print(json.dumps({"acknowledged": result.acknowledged, "pending": result.pending, "loaded": loaded}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The device SDK runs without any server dependency (ADR 0017).
+
+The default run sends a report from a subprocess where numpy, tqdm, prometheus-client, aiomqtt,
+asyncpg, matplotlib, scipy and grpc-health are unimportable; the slow run builds the wheel,
+installs it with no extras into a fresh venv and does the same from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from importlib.metadata import distribution
+from pathlib import Path
+
+import pytest
+
+from tests.sdk_services import Services, binary_campaign, counted, running_services
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICE = Path(__file__).with_name("device_script.py")
+FORBIDDEN = ("numpy", "scipy", "matplotlib", "asyncpg", "prometheus-client", "aiomqtt", "tqdm", "paho-mqtt")
+
+
+async def _send(python: str, services: Services, tmp_path: Path, *extra: str) -> dict[str, object]:
+    """Run the device script with ``python``; its JSON result."""
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        str(DEVICE),
+        services.shuffler_address,
+        "bare-sdk",
+        str(tmp_path / "outbox.db"),
+        "1",
+        str(services.certs / "ca.pem"),
+        *extra,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    result: dict[str, object] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
+async def test_a_device_without_server_packages_sends_a_counted_report(tmp_path: Path) -> None:
+    """With every server-only package blocked the device fetches, seals and sends; it is counted.
+    Without the lazy imports the script dies at ``import deniable.client`` (numpy, tqdm)."""
+    async with running_services(tmp_path, [binary_campaign("bare-sdk")]) as services:
+        result = await _send(sys.executable, services, tmp_path, "--block")
+        assert result == {"acknowledged": 1, "pending": 0, "loaded": []}
+        answer = await counted(services, "bare-sdk", 1)
+        assert answer.n == 1 and answer.rejected == 0
+
+
+def _bare_venv(tmp_path: Path) -> Path:
+    """Build the wheel and install it, no extras, into a fresh venv (pip cache reused); its python."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    wheel = next(wheels.glob("deniable-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True, timeout=600
+    )
+    return python
+
+
+@pytest.mark.slow
+async def test_the_wheel_without_extras_installs_no_server_package_and_sends(tmp_path: Path) -> None:
+    """``pip install deniable`` (the built wheel, no extras) into a fresh venv: none of the
+    server-only distributions is installed, and a report sent from there is counted."""
+    python = await asyncio.to_thread(_bare_venv, tmp_path)
+    listing = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True
+    )
+    installed = {d["name"].lower() for d in json.loads(listing.stdout)}
+    assert "deniable" in installed
+    assert installed.isdisjoint(FORBIDDEN), installed & set(FORBIDDEN)
+    async with running_services(tmp_path, [binary_campaign("bare-sdk")]) as services:
+        result = await _send(str(python), services, tmp_path)
+        assert result == {"acknowledged": 1, "pending": 0, "loaded": []}
+        answer = await counted(services, "bare-sdk", 1)
+        assert answer.n == 1
+
+
+def test_the_declared_dependencies_are_the_sdk_only() -> None:
+    """The installed metadata: three runtime requirements; everything else behind an extra."""
+    requires = distribution("deniable").requires or []
+    bare = sorted(r.split(">")[0].split("=")[0].split("<")[0] for r in requires if "extra ==" not in r)
+    assert bare == ["cryptography", "grpcio", "protobuf"]
+
+
+def test_the_service_image_installs_the_server_extras() -> None:
+    """The bare install cannot run a service: the container image must ask for the extras."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert 'pip install ".[server,postgres,mqtt]"' in dockerfile
