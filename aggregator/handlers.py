@@ -22,7 +22,7 @@ import numpy as np
 
 from deniable.aggregator import postprocess
 from deniable.aggregator.decrypt import OK, Envelope, Opened, open_packed, open_reports, unpack_opened
-from deniable.aggregator.keys import Keyring
+from deniable.aggregator.keys import RETIRED, Keyring, KeyStateError
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool, PoolUnavailable
 from deniable.aggregator.store import (
@@ -30,6 +30,7 @@ from deniable.aggregator.store import (
     BatchConflict,
     CampaignExists,
     CountCells,
+    StoreError,
     UnknownCampaign,
 )
 from deniable.core import mechanisms
@@ -37,7 +38,7 @@ from deniable.core.accounting import planner
 from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
-from deniable.core.crypto import SUITE_NAME
+from deniable.core.crypto import kem_named
 from deniable.core.mechanisms import LocalRandomiser, manipulation
 from deniable.core.mechanisms.base import Estimate, IntArray
 from deniable.core.process import ChildDied, run_in_child
@@ -56,6 +57,8 @@ MAX_QUESTION_CHARS: Final = 4096
 DEFAULT_DELTA: Final = 1e-6
 DEFAULT_N_MIN: Final = 1000
 DEFAULT_CONFIDENCE: Final = 0.95
+DEFAULT_KEY_DRAIN_S: Final = 86_400.0
+"""A retired key is destroyed this long after the last campaign sealed to it closed."""
 DEFAULT_WINDOW_S: Final = 7 * 24 * 3600
 """A campaign's collection window when none is given: seven days from its creation (or start)."""
 MAX_WINDOW_S: Final = 10 * 366 * 24 * 3600
@@ -192,6 +195,8 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         window_end_unix=end,
         device_budget_epsilon=budget,
         params={**params, **randomiser.parameters()},
+        local_guarantee=randomiser.local_privacy,
+        local_epsilon=epsilon0 if randomiser.local_privacy else 0.0,
     )
 
 
@@ -337,6 +342,7 @@ def privacy_statement(
     """The guarantee for the counted reports: central (epsilon, delta) at the smallest shuffle."""
     randomiser = randomiser_for(campaign)
     target = target_devices(campaign)
+    local = campaign.epsilon0 if randomiser.local_privacy else 0.0
     if n == 0 or smallest_batch == 0:
         return pb.PrivacyStatement(
             batch_target=target,
@@ -347,8 +353,13 @@ def privacy_statement(
             analysis=LOCAL_ONLY,
             amplified=False,
             smallest_batch=0,
-            note="nothing counted yet; every report will carry the local guarantee",
+            note=(
+                "nothing counted yet; every report will carry the local guarantee"
+                if randomiser.local_privacy
+                else "nothing counted yet; shuffle-only: epsilon0 is the central target, no local guarantee"
+            ),
             local_guarantee=randomiser.local_privacy,
+            local_epsilon=local,
         )
     bound = randomiser.central_guarantee(smallest_batch, campaign.delta)
     note = "; ".join(filter(None, [bound.note, *_batch_notes(campaign, smallest_batch, target)]))
@@ -361,6 +372,7 @@ def privacy_statement(
         below_n_min_authorised=bool(campaign.below_n_min_until_unix),
         epsilon_unavailable=unavailable,
         local_guarantee=randomiser.local_privacy,
+        local_epsilon=local,
         epsilon0=campaign.epsilon0,
         central_epsilon=bound.epsilon,
         delta=bound.delta,
@@ -368,6 +380,7 @@ def privacy_statement(
         amplified=bound.amplified,
         smallest_batch=smallest_batch,
         note=note,
+        evaluated_n=bound.evaluated_n,
     )
 
 
@@ -398,9 +411,11 @@ class AggregatorHandlers:
         executor: Executor | DecryptPool | None = None,
         decrypt_workers: int = 0,
         clock: Callable[[], float] = time.time,
+        key_drain_s: float = DEFAULT_KEY_DRAIN_S,
     ) -> None:
         """``executor`` runs decryption (None: the loop's default; a ``DecryptPool`` is healed when
-        a worker dies); ``decrypt_workers`` sets chunking."""
+        a worker dies); ``decrypt_workers`` sets chunking; ``key_drain_s``: how long after its
+        campaigns close a retired key is destroyed."""
         self.store = store
         self.keyring = keyring
         self.metrics = metrics or AggregatorMetrics()
@@ -408,6 +423,15 @@ class AggregatorHandlers:
         self._executor = None if isinstance(executor, DecryptPool) else executor
         self._workers = decrypt_workers
         self._clock = clock
+        self._key_drain_s = key_drain_s
+        # Held from picking a campaign's key until the campaign is stored, and by every key state
+        # change: a sweep never sees a key as unused while a campaign sealed to it is being created.
+        self._keys_lock = asyncio.Lock()
+
+    def _signed(self, campaign: pb.Campaign) -> pb.Campaign:
+        """The description as devices may see it: signed over its current content (so any change,
+        such as a closed window, is re-signed)."""
+        return self.keyring.signing.sign_campaign(campaign)
 
     async def create_campaign(
         self, request: pb.CreateCampaignRequest, deadline_s: float | None = None
@@ -422,13 +446,14 @@ class AggregatorHandlers:
         else:
             campaign = validate_campaign_request(request)
         try:
-            layout = layout_for(randomiser_for(campaign))
+            kem = kem_named(request.kem)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        try:
+            layout = layout_for(randomiser_for(campaign), kem.suite_name)
         except ValueError as exc:
             raise InvalidRequest(f"mechanism parameters rejected: {exc}") from exc
-        key = self.keyring.active.public
-        campaign.key_id = key.key_id
-        campaign.public_key = key.raw
-        campaign.hpke_suite = SUITE_NAME
+        campaign.hpke_suite = kem.suite_name
         campaign.payload_length = layout.payload_length
         campaign.plaintext_length = layout.plaintext_length
         campaign.ciphertext_length = layout.ciphertext_length
@@ -437,31 +462,25 @@ class AggregatorHandlers:
         if not campaign.window_end_unix:
             opens = max(campaign.window_start_unix, campaign.created_unix)
             campaign.window_end_unix = opens + (request.window_s or DEFAULT_WINDOW_S)
-        try:
-            await self.store.create_campaign(campaign)
-        except CampaignExists:
-            raise AlreadyExists(f"campaign {campaign.id} already exists") from None
-        return campaign
+        async with self._keys_lock:
+            key = self.keyring.active_or_create(kem.name).public
+            campaign.key_id = key.key_id
+            campaign.public_key = key.raw
+            signed = self._signed(campaign)
+            try:
+                await self.store.create_campaign(signed)
+            except CampaignExists:
+                raise AlreadyExists(f"campaign {campaign.id} already exists") from None
+        return signed
 
     async def save_campaign(self, campaign: pb.Campaign) -> pb.Campaign:
-        """Store a changed campaign description (the one place a stored campaign is rewritten)."""
+        """Re-sign and store a changed campaign description (operator changes go through here)."""
+        signed = self._signed(campaign)
         try:
-            await self.store.update_campaign(campaign)
+            await self.store.update_campaign(signed)
         except UnknownCampaign:
             raise NotFound(f"no campaign {campaign.id!r}") from None
-        return campaign
-
-    async def close_campaign(self, request: pb.CloseCampaignRequest) -> pb.Campaign:
-        """Operator: end the collection window now (idempotent); the shuffler then releases."""
-        campaign = await self._campaign(request.campaign_id)
-        if campaign.closed:
-            return campaign
-        now = int(self._clock())
-        campaign.closed = True
-        if not campaign.window_end_unix or campaign.window_end_unix > now:
-            campaign.window_end_unix = max(now, campaign.window_start_unix + 1)
-        self.metrics.operator_action("close_campaign")
-        return await self.save_campaign(campaign)
+        return signed
 
     async def release_below_n_min(self, request: pb.ReleaseBelowNMinRequest) -> pb.Campaign:
         """Operator: accept batches below n_min for ``valid_s`` seconds (recorded, then stated)."""
@@ -482,12 +501,32 @@ class AggregatorHandlers:
         return campaign
 
     async def get_campaign(self, request: pb.GetCampaignRequest) -> pb.Campaign:
-        """One campaign by id."""
-        return await self._campaign(request.campaign_id)
+        """One campaign by id, signed."""
+        return self._signed(await self._campaign(request.campaign_id))
 
     async def list_campaigns(self) -> pb.ListCampaignsResponse:
-        """Every campaign, oldest first."""
-        return pb.ListCampaignsResponse(campaigns=await self.store.list_campaigns())
+        """Every campaign, oldest first, each signed."""
+        return pb.ListCampaignsResponse(
+            campaigns=[self._signed(c) for c in await self.store.list_campaigns()]
+        )
+
+    async def close_campaign(self, request: pb.KeyCloseCampaignRequest) -> pb.Campaign:
+        """End the campaign's window now (kept if it ended earlier); the new description is re-signed."""
+        campaign = await self._campaign(request.campaign_id)
+        now = int(self._clock())
+        if not campaign.closed:  # also marks it closed: the shuffler releases what it holds (ADR 0014)
+            campaign.closed = True
+            if not self._closed(campaign, now):
+                campaign.window_end_unix = max(now, campaign.window_start_unix + 1)
+            self.metrics.operator_action("close_campaign")
+            campaign = await self.save_campaign(campaign)
+        await self.sweep_keys()
+        return self._signed(campaign)
+
+    @staticmethod
+    def _closed(campaign: pb.Campaign, now: float) -> bool:
+        """Whether the campaign's window has ended (an open-ended campaign never has)."""
+        return campaign.window_end_unix != 0 and campaign.window_end_unix <= now
 
     async def _open(self, campaign: pb.Campaign, envelopes: Sequence[Envelope]) -> list[Opened]:
         """Decrypt off the event loop; a dead worker gets the pool rebuilt and the batch retried."""
@@ -711,8 +750,76 @@ class AggregatorHandlers:
         )
 
     async def list_keys(self) -> pb.ListKeysResponse:
-        """Public metadata of every aggregator key."""
-        return pb.ListKeysResponse(keys=self.keyring.infos())
+        """Public metadata of every aggregator key (with the campaigns sealed to it) and the signing key.
+
+        Keys are listed even while the store is down (without their campaigns)."""
+        try:
+            await self.sweep_keys()
+            return await self._key_listing()
+        except StoreError:
+            return await self._key_listing(with_campaigns=False)
+
+    async def _key_listing(self, with_campaigns: bool = True) -> pb.ListKeysResponse:
+        by_key: dict[int, list[str]] = {}
+        for campaign in await self.store.list_campaigns() if with_campaigns else []:
+            by_key.setdefault(campaign.key_id, []).append(campaign.id)
+        infos = self.keyring.infos()
+        for info in infos:
+            info.campaigns.extend(by_key.get(info.key_id, []))
+        return pb.ListKeysResponse(keys=infos, signing_public_key=self.keyring.signing.public_raw)
+
+    async def rotate_key(self, request: pb.KeyRotateRequest) -> pb.KeyInfo:
+        """A new active key for the KEM; the old one is retired and still decrypts."""
+        try:
+            kem = kem_named(request.kem).name
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        async with self._keys_lock:
+            pair = await asyncio.to_thread(self.keyring.rotate, kem)
+        await self.sweep_keys()
+        return await self._key_info(pair.key_id)
+
+    async def destroy_key(self, request: pb.KeyDestroyRequest) -> pb.KeyInfo:
+        """Destroy a retired key now (the operator has drained it); refused while a campaign sealed
+        to it is open."""
+        async with self._keys_lock:
+            open_campaigns = await self._open_campaigns_of(request.key_id)
+            if open_campaigns:
+                raise FailedPrecondition(
+                    f"key {request.key_id} still serves open campaigns ({', '.join(open_campaigns[:5])});"
+                    " close them and let the shuffler drain them first"
+                )
+            try:
+                await asyncio.to_thread(self.keyring.destroy, request.key_id)
+            except KeyStateError as exc:
+                raise FailedPrecondition(str(exc)) from None
+        return await self._key_info(request.key_id)
+
+    async def sweep_keys(self) -> list[int]:
+        """Destroy every retired key whose campaigns all closed at least ``key_drain_s`` ago."""
+        if not any(info.state == RETIRED for info in self.keyring.infos()):
+            return []
+        async with self._keys_lock:
+            retired = [info.key_id for info in self.keyring.infos() if info.state == RETIRED]
+            now = self._clock()
+            campaigns = await self.store.list_campaigns()
+            destroyed = []
+            for key_id in retired:
+                sealed = [c for c in campaigns if c.key_id == key_id]
+                if all(self._closed(c, now - self._key_drain_s) for c in sealed):
+                    await asyncio.to_thread(self.keyring.destroy, key_id)
+                    destroyed.append(key_id)
+            return destroyed
+
+    async def _open_campaigns_of(self, key_id: int) -> list[str]:
+        now = self._clock()
+        return [
+            c.id for c in await self.store.list_campaigns() if c.key_id == key_id and not self._closed(c, now)
+        ]
+
+    async def _key_info(self, key_id: int) -> pb.KeyInfo:
+        listing = await self._key_listing()
+        return next(info for info in listing.keys if info.key_id == key_id)
 
 
 def _batch_counts(randomiser: LocalRandomiser, valid: Sequence[tuple[bytes, bytes]]) -> list[int]:

@@ -69,6 +69,9 @@ class AggregatorConfig:
     """Plaintext and no credential checks at all (tests only); needed by name when ``tls`` is None."""
     health_interval_s: float = 1.0
     """How often health re-checks the store and the decrypt workers."""
+    key_drain_s: float = 86_400.0
+    """A retired HPKE key is destroyed this long after the last campaign sealed to it closed."""
+    key_sweep_interval_s: float = 3_600.0
 
 
 @dataclass
@@ -86,6 +89,7 @@ class RunningAggregator:
     monitor: HealthMonitor
     lock: DataDirLock
     metrics_port: int | None = None
+    sweeper: asyncio.Task[None] | None = None
     _stopped: bool = field(default=False, repr=False)
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -95,6 +99,9 @@ class RunningAggregator:
         self._stopped = True
         await self.monitor.stop()
         await self.health.enter_graceful_shutdown()
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            await asyncio.gather(self.sweeper, return_exceptions=True)
         await self.server.stop(grace)
         await self.store.close()
         if self.executor is not None:
@@ -205,6 +212,8 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
 
     The data directory is locked (one service each); a failed start removes what it created.
     """
+    if not (config.key_drain_s >= 0 and config.key_sweep_interval_s > 0):
+        raise ConfigurationError("key_drain_s must be >= 0 and key_sweep_interval_s > 0 (seconds)")
     check_transport(config.tls, config.insecure, "aggregator")
     credentials = None if config.tls is None else config.tls.credentials(require_client_cert=True)
     leftovers = Leftovers(config.data_dir)
@@ -221,7 +230,9 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         executor = _decrypt_pool(config.decrypt_workers, metrics)
         if executor is not None:
             await executor.warm_up()
-        handlers = AggregatorHandlers(store, keyring, metrics, executor, config.decrypt_workers)
+        handlers = AggregatorHandlers(
+            store, keyring, metrics, executor, config.decrypt_workers, key_drain_s=config.key_drain_s
+        )
         server, health_servicer, monitor, port = await _serve(config, store, handlers, metrics, credentials)
         metrics_port = None
         if config.metrics_port is not None:
@@ -261,7 +272,21 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         monitor=monitor,
         lock=lock,
         metrics_port=metrics_port,
+        sweeper=asyncio.create_task(_sweep_keys(handlers, config.key_sweep_interval_s), name="key-sweep"),
     )
+
+
+async def _sweep_keys(handlers: AggregatorHandlers, interval_s: float) -> None:
+    """Destroy drained retired keys every ``interval_s`` seconds (errors are logged, never fatal)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            destroyed = await handlers.sweep_keys()
+        except Exception:
+            log.exception("key sweep failed")
+            continue
+        if destroyed:
+            log.info("retired keys destroyed", extra={"key_ids": destroyed})
 
 
 async def serve_aggregator(

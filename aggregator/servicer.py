@@ -108,10 +108,22 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         """Public metadata of the aggregator's keys."""
         return await self._call("ListKeys", context, self._handlers.list_keys())
 
+    async def RotateKey(  # noqa: N802 (gRPC method name)
+        self, request: pb.KeyRotateRequest, context: grpc.aio.ServicerContext[object, pb.KeyInfo]
+    ) -> pb.KeyInfo:
+        """A new active HPKE key; the previous one is retired."""
+        return await self._call("RotateKey", context, self._handlers.rotate_key(request))
+
+    async def DestroyKey(  # noqa: N802 (gRPC method name)
+        self, request: pb.KeyDestroyRequest, context: grpc.aio.ServicerContext[object, pb.KeyInfo]
+    ) -> pb.KeyInfo:
+        """Overwrite and remove a retired key whose campaigns are all closed."""
+        return await self._call("DestroyKey", context, self._handlers.destroy_key(request))
+
     async def CloseCampaign(  # noqa: N802 (gRPC method name)
-        self, request: pb.CloseCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
+        self, request: pb.KeyCloseCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
     ) -> pb.Campaign:
-        """Operator: close a campaign's collection window now."""
+        """End a campaign's window now; the description is re-signed."""
         return await self._call("CloseCampaign", context, self._handlers.close_campaign(request))
 
     async def ReleaseBelowNMin(  # noqa: N802 (gRPC method name)

@@ -84,16 +84,16 @@ class AggregatorStore(Protocol):
         """Store a new campaign; CampaignExists if its id is taken."""
         ...
 
-    async def update_campaign(self, campaign: pb.Campaign) -> None:
-        """Replace a stored campaign's description (same id); UnknownCampaign if there is none."""
-        ...
-
     async def get_campaign(self, campaign_id: str) -> pb.Campaign | None:
         """The campaign, or None."""
         ...
 
     async def list_campaigns(self) -> list[pb.Campaign]:
         """Every campaign, oldest first."""
+        ...
+
+    async def update_campaign(self, campaign: pb.Campaign) -> None:
+        """Replace the description of an existing campaign (same id); UnknownCampaign otherwise."""
         ...
 
     async def find_batch(self, batch_id: str) -> BatchRecord | None:
@@ -243,16 +243,6 @@ class SqliteAggregatorStore:
 
         await self._run(lambda: self._transaction(work, write=True))
 
-    async def update_campaign(self, campaign: pb.Campaign) -> None:
-        """Replace a stored campaign's description (same id); UnknownCampaign if there is none."""
-        body = campaign.SerializeToString(deterministic=True)
-
-        def work(db: sqlite3.Connection) -> None:
-            if db.execute("UPDATE campaigns SET body = ? WHERE id = ?", (body, campaign.id)).rowcount != 1:
-                raise UnknownCampaign(campaign.id)
-
-        await self._run(lambda: self._transaction(work, write=True))
-
     async def get_campaign(self, campaign_id: str) -> pb.Campaign | None:
         """The campaign, or None."""
 
@@ -270,6 +260,16 @@ class SqliteAggregatorStore:
             return [bytes(r[0]) for r in self._db.execute("SELECT body FROM campaigns ORDER BY seq")]
 
         return [pb.Campaign.FromString(body) for body in await self._run(work)]
+
+    async def update_campaign(self, campaign: pb.Campaign) -> None:
+        """Replace the description of an existing campaign (same id); UnknownCampaign otherwise."""
+        body = campaign.SerializeToString(deterministic=True)
+
+        def work(db: sqlite3.Connection) -> None:
+            if db.execute("UPDATE campaigns SET body = ? WHERE id = ?", (body, campaign.id)).rowcount != 1:
+                raise UnknownCampaign(campaign.id)
+
+        await self._run(lambda: self._transaction(work, write=True))
 
     async def find_batch(self, batch_id: str) -> BatchRecord | None:
         """The record of an already ingested batch, or None."""

@@ -220,15 +220,6 @@ class PostgresAggregatorStore:
         except asyncpg.UniqueViolationError as exc:
             raise CampaignExists(campaign.id) from exc
 
-    async def update_campaign(self, campaign: pb.Campaign) -> None:
-        """Replace a stored campaign's description (same id); UnknownCampaign if there is none."""
-        body = campaign.SerializeToString(deterministic=True)
-        status = await self._open_pool().execute(
-            "UPDATE campaigns SET body = $1 WHERE id = $2", body, campaign.id
-        )
-        if status != "UPDATE 1":
-            raise UnknownCampaign(campaign.id)
-
     async def get_campaign(self, campaign_id: str) -> pb.Campaign | None:
         """The campaign, or None."""
         body = await self._open_pool().fetchval("SELECT body FROM campaigns WHERE id = $1", campaign_id)
@@ -238,6 +229,15 @@ class PostgresAggregatorStore:
         """Every campaign, oldest first."""
         rows = await self._open_pool().fetch("SELECT body FROM campaigns ORDER BY seq")
         return [pb.Campaign.FromString(bytes(row[0])) for row in rows]
+
+    async def update_campaign(self, campaign: pb.Campaign) -> None:
+        """Replace the description of an existing campaign (same id); UnknownCampaign otherwise."""
+        body = campaign.SerializeToString(deterministic=True)
+        status = await self._open_pool().execute(
+            "UPDATE campaigns SET body = $2 WHERE id = $1", campaign.id, body
+        )
+        if status != "UPDATE 1":
+            raise UnknownCampaign(campaign.id)
 
     async def find_batch(self, batch_id: str) -> BatchRecord | None:
         """The record of an already ingested batch, or None."""

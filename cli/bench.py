@@ -196,10 +196,6 @@ class SinkAggregator(pb_grpc.AggregatorServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
         raise AssertionError("abort returned")
 
-    async def CloseCampaign(self, request: pb.CloseCampaignRequest, context: Any) -> pb.Campaign:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
     async def ReleaseBelowNMin(self, request: pb.ReleaseBelowNMinRequest, context: Any) -> pb.Campaign:  # noqa: N802
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
         raise AssertionError("abort returned")
@@ -209,6 +205,18 @@ class SinkAggregator(pb_grpc.AggregatorServicer):
         raise AssertionError("abort returned")
 
     async def ListKeys(self, request: pb.ListKeysRequest, context: Any) -> pb.ListKeysResponse:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
+    async def RotateKey(self, request: pb.KeyRotateRequest, context: Any) -> pb.KeyInfo:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
+    async def DestroyKey(self, request: pb.KeyDestroyRequest, context: Any) -> pb.KeyInfo:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
+    async def CloseCampaign(self, request: pb.KeyCloseCampaignRequest, context: Any) -> pb.Campaign:  # noqa: N802
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
         raise AssertionError("abort returned")
 

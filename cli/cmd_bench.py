@@ -51,6 +51,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--memory", action="store_true", help="instead: peak RSS of the shuffler and the aggregator"
     )
     bench.add_argument(
+        "--protocols",
+        action="store_true",
+        help="instead: messages, bytes and CPU per device of the shuffle-only histograms (d = 2, 32, 1024)",
+    )
+    bench.add_argument(
         "--devices", type=_positive_int, default=None, help="n for --compare-libraries/--memory"
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress output")
@@ -67,6 +72,14 @@ def run(args: argparse.Namespace) -> int:
         if args.devices is not None:
             library_config.devices = args.devices
         run_comparison(library_config, args.json, progress=progress)
+        return 0
+    if args.protocols:
+        from deniable.cli.bench_protocols import ProtocolConfig, run_protocols
+
+        protocol_config = ProtocolConfig.quick() if args.quick else ProtocolConfig()
+        if args.devices is not None:
+            protocol_config.n = args.devices
+        run_protocols(protocol_config, args.json)
         return 0
     if args.memory:
         from deniable.cli.bench_memory import MemoryConfig, run_memory

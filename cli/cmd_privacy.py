@@ -87,6 +87,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan.add_argument(
         "--mechanism", action="append", default=None, help="only this mechanism (repeatable; default all)"
     )
+    plan.add_argument(
+        "--require-local-dp",
+        action="store_true",
+        help="only local randomisers: every report stays ε0-DP even if the shuffler and aggregator misbehave",
+    )
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(handler=plan_command)
 
@@ -134,7 +139,9 @@ def list_mechanisms(args: argparse.Namespace) -> int:
     from deniable.core import mechanisms
 
     for name, summary in mechanisms.summaries().items():
-        print(f"{name:22} {summary}")
+        local = mechanisms.mechanism_class(name).local_privacy
+        guarantee = "local ε0 + central" if local else "central only (no local DP)"
+        print(f"{name:26} {guarantee:27} {summary}")
     return 0
 
 
@@ -157,7 +164,7 @@ def plan_text(plan: Plan) -> str:
     rows, details = [], []
     for c in plan.candidates:
         if not c.feasible:
-            rows.append([c.mechanism, "—", "—", "—", "—", "—"])
+            rows.append([c.mechanism, "—", "—", "—", "—", "—", "—", "—"])
             details.append(c.note)
             continue
         params = ", ".join(f"{k}={v:.6g}" for k, v in sorted(c.params.items()))
@@ -165,10 +172,12 @@ def plan_text(plan: Plan) -> str:
         rows.append(
             [
                 c.mechanism + mark,
-                f"{c.epsilon0:.4f}",
+                f"ε0 = {c.epsilon0:.4f}" if c.local_privacy else "none",
                 f"{c.central_epsilon:.4f}",
                 f"{c.expected_std_error:.2f}",
                 f"{c.expected_std_error / plan.central_laplace.std_error:.1f}×",
+                f"{c.messages_per_device:.6g}",
+                _bytes(c.bytes_per_device),
                 c.analysis,
             ]
         )
@@ -180,15 +189,54 @@ def plan_text(plan: Plan) -> str:
             f" reports, k = {plan.domain_size}",
             f"std error of one count at n: {plan.truth_assumption}",
             "",
-            _table(["mechanism", "ε0", "central ε", "std error", "vs Laplace", "analysis"], rows, details),
+            _table(
+                [
+                    "mechanism",
+                    "local",
+                    "central ε",
+                    "std error",
+                    "vs Laplace",
+                    "msgs/device",
+                    "bytes/device",
+                    "analysis",
+                ],
+                rows,
+                details,
+            ),
             "",
             f"central Laplace baseline (trusted curator, same ε): std error {laplace.std_error:.3f}",
             f"  {laplace.note}; neighbours: {laplace.neighbouring}",
-            f"chosen: {plan.mechanism}, ε0 = {plan.epsilon0:.4f} → central ε = {plan.central_epsilon:.4f}"
+            f"chosen: {plan.mechanism}, {_local_words(plan)} → central ε = {plan.central_epsilon:.4f}"
             f" at δ = {plan.delta:g} ({plan.analysis})",
             f"  std error {plan.expected_std_error:.2f} = {plan.ratio_to_central:.1f}× central Laplace",
+            *_alternative_lines(plan),
         ]
     )
+
+
+def _bytes(value: float) -> str:
+    return f"{value:,.0f}" if value == value else "—"
+
+
+def _local_words(plan: Plan) -> str:
+    if plan.chosen.local_privacy:
+        return f"local ε0 = {plan.epsilon0:.4f}"
+    return f"no local guarantee (shuffle-only; ε0 = {plan.epsilon0:.4f} is the central target)"
+
+
+def _alternative_lines(plan: Plan) -> list[str]:
+    """What the choice trades: the best local randomiser and its error ratio, if one exists."""
+    if plan.chosen.local_privacy:
+        return []
+    alternative = plan.local_alternative
+    if alternative is None:
+        return ["  no local randomiser meets the target: every option gives up local DP"]
+    ratio = alternative.expected_std_error / plan.expected_std_error
+    return [
+        f"  trades local DP for accuracy: the best local option, {alternative.mechanism}"
+        f" (local ε0 = {alternative.epsilon0:.4f}), has std error {alternative.expected_std_error:.2f}"
+        f" = {ratio:.1f}× the chosen one (--require-local-dp picks it)"
+    ]
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -196,7 +244,14 @@ def plan_command(args: argparse.Namespace) -> int:
     _check_limits(args)
     from deniable.core.accounting.planner import plan
 
-    chosen = plan(args.target_epsilon, args.delta, args.n, args.domain, mechanisms=args.mechanism)
+    chosen = plan(
+        args.target_epsilon,
+        args.delta,
+        args.n,
+        args.domain,
+        mechanisms=args.mechanism,
+        require_local_dp=args.require_local_dp,
+    )
     if args.json:
         print(render.dumps(chosen.to_dict()))
     else:
@@ -280,7 +335,7 @@ def amplify_command(args: argparse.Namespace) -> int:
     rows = [
         [
             row["analysis"],
-            f"{row['epsilon']:.4f}" if row["amplified"] else f"{row['epsilon']:g} (local)",
+            f"{row['epsilon']:.4g}" if row["amplified"] else f"{row['epsilon']:g} (local)",
             f"{row['delta']:g}",
             row["note"].removeprefix(row["analysis"]).strip(),
         ]
@@ -293,7 +348,7 @@ def amplify_command(args: argparse.Namespace) -> int:
     if rows:
         print(_table(["analysis", "central ε", "δ", "note"], rows))
     print(
-        f"tightest: central (ε, δ) = ({result['epsilon']:.4f}, {result['delta']:g}) by {result['analysis']}"
+        f"tightest: central (ε, δ) = ({result['epsilon']:.4g}, {result['delta']:g}) by {result['analysis']}"
     )
     return 0
 

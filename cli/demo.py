@@ -49,6 +49,7 @@ class DemoCampaign:
     created: pb.Campaign | None = None  # as the aggregator stored it (planned epsilon0 and mechanism)
     acknowledged: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    signing_key: bytes = b""  # the aggregator's signing key the devices pinned and verified against
 
     @property
     def true_counts(self) -> list[int]:
@@ -122,6 +123,9 @@ def demo_campaigns(
         request.batch_target = devices  # the guarantee is planned for every device in one shuffle
         if mechanism and request.mechanism == pb.Mechanism.Value(mechanism.upper()):
             request.params.update(chosen_params)
+            if "expected_n" in chosen_params:  # shuffle-only: its guarantee is planned for one batch of all
+                domain = len(request.labels) or 2  # a binary request carries no labels
+                request.n_min = _one_batch_n_min(mechanism, domain, devices, chosen_params)
         if target_epsilon is not None:
             request.epsilon0 = 0.0
             request.target_epsilon = target_epsilon
@@ -131,6 +135,24 @@ def demo_campaigns(
         DemoCampaign(binary, exact_population((1 - DARK_MODE_SHARE, DARK_MODE_SHARE), devices)),
         DemoCampaign(histogram, exact_population(LANGUAGE_SHARES, devices)),
     ]
+
+
+def _one_batch_n_min(mechanism: str, domain: int, devices: int, params: dict[str, float]) -> int:
+    """Devices per batch such that all ``devices`` (almost surely) reach the message threshold.
+
+    The aggregator turns n_min devices into n_min x (most messages per device) messages; where the
+    count varies, the demo's devices send fewer on average, so n_min is scaled down to the mean
+    less 8 standard deviations of the total (one device's count has variance at most d / 4).
+    """
+    from deniable.core import mechanisms
+
+    randomiser = mechanisms.create(mechanism, epsilon0=1.0, domain_size=domain, **params)
+    most = randomiser.max_messages_per_device
+    mean = getattr(randomiser, "expected_messages", most)
+    if not most or mean is None or randomiser.messages_per_device is not None:
+        return devices
+    low = devices * float(mean) - 8 * math.sqrt(devices * domain / 4)
+    return max(1, min(devices, math.floor(low / most)))
 
 
 def _calibration_params(mechanism: str, devices: int, delta: float) -> dict[str, float]:
@@ -204,6 +226,8 @@ async def run_pipeline(
             operator = pb_grpc.AggregatorStub(channel)
             for campaign in campaigns:  # planning takes a few seconds
                 campaign.created = await operator.CreateCampaign(campaign.request, timeout=300)
+            # An app ships this key pinned; the demo reads it from the aggregator it just started.
+            keys = await operator.ListKeys(pb.ListKeysRequest(), timeout=30)
             transport: Transport = GrpcTransport(shuffler.address, tls=ClientTls(ca=certs.ca))
             if mqtt_broker is not None:
                 assert shuffler.mqtt is not None
@@ -214,7 +238,10 @@ async def run_pipeline(
             try:
                 for campaign in campaigns:
                     started = time.perf_counter()
-                    reporter = await Reporter.fetch(campaign.request.id, transport, outbox)
+                    reporter = await Reporter.fetch(
+                        campaign.request.id, transport, outbox, aggregator_key=keys.signing_public_key
+                    )
+                    campaign.signing_key = keys.signing_public_key
                     reporter.record_many(campaign.truth_values.tolist(), progress=progress)
                     campaign.timings["randomise_seal_s"] = time.perf_counter() - started
                     started = time.perf_counter()
@@ -232,7 +259,7 @@ async def run_pipeline(
             started = time.perf_counter()
             for campaign in campaigns:  # the window closes: the shuffler releases what it holds
                 await operator.CloseCampaign(
-                    pb.CloseCampaignRequest(campaign_id=campaign.request.id), timeout=30
+                    pb.KeyCloseCampaignRequest(campaign_id=campaign.request.id), timeout=30
                 )
                 await shuffler.flush(campaign.request.id)
             for campaign in campaigns:
@@ -384,6 +411,7 @@ def run_demo(
     report["devices"] = devices
     report["elapsed_s"] = elapsed
     report["target_epsilon"] = target_epsilon
+    report["signing_public_key"] = campaigns[0].signing_key.hex() if campaigns else ""
     inside = total = 0
     for campaign in campaigns:
         answer = campaign.answer
@@ -399,6 +427,11 @@ def run_demo(
         for bucket, truth in zip(answer.buckets, campaign.true_counts, strict=True):
             total += 1
             inside += int(bucket.ci_low <= truth <= bucket.ci_high)
+    if campaigns and all(c.signing_key for c in campaigns):
+        print(
+            f"\ncampaigns signed: every device verified its campaign description against the pinned"
+            f" aggregator signing key (Ed25519 {campaigns[0].signing_key.hex()[:16]}…) before sealing"
+        )
     print(
         f"\n{inside} of {total} true counts lie inside their 95% CI (* marks the others);"
         f" {devices} devices in {elapsed:.1f} s"

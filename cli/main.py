@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 
 from deniable.cli import render
+from deniable.cli.render import guarantee_words
 from deniable.cli.windows import parse_window
 from deniable.core import mqtt
+from deniable.core.campaigns import local_epsilon, mechanism_has_local_guarantee
 from deniable.core.errors import ConfigurationError
 from deniable.core.mqtt import BrokerAddress
 from deniable.core.tls import ClientTls, ServerTls
@@ -117,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     _add_server_tls_options(agg_serve)
+    agg_serve.add_argument(
+        "--key-drain-s",
+        type=float,
+        default=86_400.0,
+        help="destroy a retired HPKE key this long after its last campaign closed (default one day)",
+    )
     agg_serve.add_argument(
         "--store",
         default=None,
@@ -213,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="reports one source may spool per window at a shuffler (default: the shuffler's)",
     )
     create.add_argument(
+        "--kem",
+        choices=["x25519", "x25519-mlkem768"],
+        default="x25519",
+        help="HPKE KEM devices seal to (x25519-mlkem768: post-quantum hybrid, 1136 bytes per report)",
+    )
+    create.add_argument(
         "--window",
         default=None,
         help="collection window: a duration from now (90m, 2h, 7d) or an ISO end time (default 7d)",
@@ -225,13 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--json", action="store_true")
     _add_client_tls_options(create)
-    close = campaign.add_parser("close", help="close a campaign's window now; the shuffler releases it")
+    close = campaign.add_parser(
+        "close", help="end a campaign's window now (re-signed); the shuffler releases what it holds"
+    )
     close.add_argument("campaign")
     close.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     close.add_argument(
         "--shuffler", default=None, help="also tell this shuffler's operator port now (else it learns it)"
     )
     _add_client_tls_options(close)
+    show_campaign = campaign.add_parser("show", help="one campaign's descriptor, with both guarantees")
+    show_campaign.add_argument("campaign")
+    show_campaign.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    show_campaign.add_argument("--json", action="store_true")
+    _add_client_tls_options(show_campaign)
     listing = campaign.add_parser("list", help="list campaigns")
     listing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
     listing.add_argument("--json", action="store_true")
@@ -259,6 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--data-dir", type=Path, default=None, help="read the keyring on disk instead")
     show.add_argument("--json", action="store_true")
     _add_client_tls_options(show)
+    rotate = keys.add_parser("rotate", help="new active HPKE key; the old one is kept until drained")
+    rotate.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    rotate.add_argument("--kem", choices=["x25519", "x25519-mlkem768"], default="x25519")
+    _add_client_tls_options(rotate)
+    destroy = keys.add_parser("destroy", help="overwrite and remove a retired key now (after draining)")
+    destroy.add_argument("key_id", type=_positive_int)
+    destroy.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    _add_client_tls_options(destroy)
 
     for module in _command_modules():
         module.register(sub)
@@ -350,6 +379,10 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "labels": list(c.labels),
         "mechanism": pb.Mechanism.Name(c.mechanism).lower(),
         "epsilon0": c.epsilon0,
+        "local_guarantee": mechanism_has_local_guarantee(c),
+        "local_epsilon": local_epsilon(c),
+        "central_target_epsilon": c.target_epsilon
+        or (None if mechanism_has_local_guarantee(c) else c.epsilon0),
         "delta": c.delta,
         "n_min": c.n_min,
         "batch_target": c.batch_target,
@@ -357,11 +390,13 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "window_end_unix": c.window_end_unix,
         "closed": c.closed,
         "key_id": c.key_id,
+        "hpke_suite": c.hpke_suite,
         "ciphertext_length": c.ciphertext_length,
         "device_budget_epsilon": c.device_budget_epsilon,
         "target_epsilon": c.target_epsilon,
         "expected_n": c.expected_n,
         "params": dict(c.params),
+        "signature": c.signature.hex(),
     }
 
 
@@ -377,6 +412,22 @@ def _flush_line(flushed: pb.FlushResponse) -> str:
             f" ({held.n_min}): held (release with --below-n-min --campaign {held.campaign_id})"
         )
     return line
+
+
+def _print_campaign(c: pb.Campaign) -> None:
+    """The descriptor in text: the question, the mechanism, and both guarantees apart."""
+    print(f"{c.id}: {c.question}")
+    mechanism = pb.Mechanism.Name(c.mechanism).lower()
+    print(f"  mechanism: {mechanism} over {len(c.labels)} buckets ({', '.join(c.labels)})")
+    print(f"  local guarantee: {guarantee_words(mechanism_has_local_guarantee(c), c.epsilon0)}")
+    target = c.target_epsilon or (0.0 if mechanism_has_local_guarantee(c) else c.epsilon0)
+    central = (
+        f"ε ≤ {target:g}, δ = {c.delta:g} at n ≥ {c.expected_n or c.n_min}"
+        if target
+        else "from the smallest batch"
+    )
+    print(f"  central guarantee: {central}; n_min = {c.n_min} messages")
+    print(f"  device budget: {c.device_budget_epsilon:g}")
 
 
 def _add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -461,6 +512,7 @@ def _run(args: argparse.Namespace) -> int:
                     store=args.store,
                     tls=server_tls(args),
                     insecure=args.insecure,
+                    key_drain_s=args.key_drain_s,
                 )
             )
         )
@@ -502,12 +554,14 @@ def _run(args: argparse.Namespace) -> int:
         print(_flush_line(flushed))
         return 0
     if args.command == "campaign" and args.action == "close":
-        closing = pb.CloseCampaignRequest(campaign_id=args.campaign)
+        closing = pb.KeyCloseCampaignRequest(campaign_id=args.campaign)
         operator_tls = client_tls(args)
         closed: pb.Campaign = asyncio.run(
             _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30), tls=operator_tls)
         )
-        print(f"closed {closed.id}: window ended at {closed.window_end_unix} (Unix time)")
+        print(
+            f"closed {closed.id}: window ended at {closed.window_end_unix} (Unix time); description re-signed"
+        )
         if args.shuffler:
             flush_one = pb.FlushRequest(campaign_id=args.campaign)
             done: pb.FlushResponse = asyncio.run(
@@ -538,6 +592,7 @@ def _run(args: argparse.Namespace) -> int:
             window_s=window_s,
             window_end_unix=window_end,
             batch_target=args.batch_target,
+            kem=args.kem,
         )
         tls = client_tls(args)
         created: pb.Campaign = asyncio.run(
@@ -551,14 +606,15 @@ def _run(args: argparse.Namespace) -> int:
             _print_json(_campaign_dict(created))
         else:
             print(
-                f"created {created.id}: {len(created.labels)} buckets, ε0 = {created.epsilon0:g},"
+                f"created {created.id}: {len(created.labels)} buckets,"
+                f" {guarantee_words(mechanism_has_local_guarantee(created), created.epsilon0)},"
                 f" n_min = {created.n_min}, batch target {created.batch_target} messages,"
                 f" window ends {created.window_end_unix} (Unix time), key {created.key_id}"
             )
             if created.target_epsilon:
                 print(
                     f"planned: {pb.Mechanism.Name(created.mechanism).lower()},"
-                    f" ε0 = {created.epsilon0:.4f}"
+                    f" {guarantee_words(mechanism_has_local_guarantee(created), created.epsilon0)}"
                     f" for central ε ≤ {created.target_epsilon:g} at δ = {created.delta:g}"
                     f" in shuffles of n ≥ {created.expected_n}"
                 )
@@ -575,7 +631,21 @@ def _run(args: argparse.Namespace) -> int:
             _print_json([_campaign_dict(c) for c in listed.campaigns])
         else:
             for c in listed.campaigns:
-                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\tε0={c.epsilon0:g}\t{c.question}")
+                words = guarantee_words(mechanism_has_local_guarantee(c), c.epsilon0)
+                print(f"{c.id}\t{pb.Mechanism.Name(c.mechanism).lower()}\t{words}\t{c.question}")
+        return 0
+    if args.command == "campaign" and args.action == "show":
+        shown: pb.Campaign = asyncio.run(
+            _call(
+                args.aggregator,
+                lambda s: s.GetCampaign(pb.GetCampaignRequest(campaign_id=args.campaign), timeout=30),
+                tls=client_tls(args),
+            )
+        )
+        if args.json:
+            _print_json(_campaign_dict(shown))
+        else:
+            _print_campaign(shown)
         return 0
     if args.command == "query":
         query = pb.QueryRequest(
@@ -613,30 +683,63 @@ def _run(args: argparse.Namespace) -> int:
             print(manipulation_line(answer))
         return 0
     if args.command == "keys":
-        if args.data_dir is not None:
-            from deniable.aggregator.keys import Keyring
-
-            infos = Keyring.load_or_create(args.data_dir, create=False).infos()
-        else:
-            tls = client_tls(args)
-            keys: pb.ListKeysResponse = asyncio.run(
-                _call(args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=tls)
-            )
-            infos = list(keys.keys)
-        rows = [
-            {"key_id": k.key_id, "public_key": k.public_key.hex(), "suite": k.hpke_suite, "active": k.active}
-            for k in infos
-        ]
-        if args.json:
-            _print_json(rows)
-        else:
-            for row in rows:
-                print(
-                    f"{row['key_id']}\t{'active' if row['active'] else 'retired'}"
-                    f"\t{row['suite']}\t{row['public_key']}"
-                )
-        return 0
+        return _keys(args)
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _key_row(k: pb.KeyInfo) -> dict[str, Any]:
+    return {
+        "key_id": k.key_id,
+        "public_key": k.public_key.hex(),
+        "suite": k.hpke_suite,
+        "kem": k.kem,
+        "active": k.active,
+        "state": k.state,
+        "campaigns": list(k.campaigns),
+    }
+
+
+def _keys(args: argparse.Namespace) -> int:
+    """``keys show|rotate|destroy``: the keyring as the aggregator (or its data directory) has it."""
+    if args.action == "rotate":
+        rotating = pb.KeyRotateRequest(kem=args.kem)
+        info: pb.KeyInfo = asyncio.run(
+            _call(args.aggregator, lambda s: s.RotateKey(rotating, timeout=30), tls=client_tls(args))
+        )
+        print(
+            f"key {info.key_id} ({info.kem}) is active; earlier keys stay until their campaigns"
+            " close and drain"
+        )
+        return 0
+    if args.action == "destroy":
+        destroying = pb.KeyDestroyRequest(key_id=args.key_id)
+        info = asyncio.run(
+            _call(args.aggregator, lambda s: s.DestroyKey(destroying, timeout=30), tls=client_tls(args))
+        )
+        print(f"key {info.key_id} destroyed (file overwritten and removed)")
+        return 0
+    if args.data_dir is not None:
+        from deniable.aggregator.keys import Keyring
+
+        keyring = Keyring.load_or_create(args.data_dir, create=False)
+        listing = pb.ListKeysResponse(keys=keyring.infos(), signing_public_key=keyring.signing.public_raw)
+    else:
+        listing = asyncio.run(
+            _call(
+                args.aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=client_tls(args)
+            )
+        )
+    rows = [_key_row(k) for k in listing.keys]
+    if args.json:
+        _print_json({"signing_public_key": listing.signing_public_key.hex(), "keys": rows})
+        return 0
+    print(f"signing key (Ed25519, pin this in apps): {listing.signing_public_key.hex()}")
+    for row in rows:
+        campaigns = ",".join(row["campaigns"]) or "-"
+        print(
+            f"{row['key_id']}\t{row['state']}\t{row['kem']}\t{row['public_key'][:64]}\tcampaigns: {campaigns}"
+        )
+    return 0
 
 
 # Which extra installs a module the CLI may need (the bare install is the device SDK only).

@@ -35,11 +35,27 @@ def privacy_line(privacy: pb.PrivacyStatement) -> str:
             + (f"; batch target {privacy.batch_target}" if privacy.batch_target else "")
             + f"; {privacy.analysis})"
         )
-    else:
+        if privacy.evaluated_n:
+            central += (
+                f", evaluated at n' = {privacy.evaluated_n} < {privacy.smallest_batch}"
+                " (valid: the guarantee only improves with n)"
+            )
+    elif privacy.local_guarantee:
         central = f"no amplification claimed: central ε = ε0 = {privacy.central_epsilon:g}"
         if privacy.note:
             central += f" ({privacy.note})"
+    else:
+        central = f"no central guarantee stated (central target ε = {privacy.epsilon0:g})"
+        if privacy.note:
+            central += f" ({privacy.note})"
     return f"{local}; {central}"
+
+
+def guarantee_words(local_guarantee: bool, epsilon0: float) -> str:
+    """Both guarantees of a campaign in a few words: a local epsilon0, or none and a central target."""
+    if local_guarantee:
+        return f"local ε0 = {epsilon0:g}"
+    return f"no local guarantee (shuffle-only; ε0 = {epsilon0:g} is the central target)"
 
 
 def answer_rows(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -> list[dict[str, Any]]:
@@ -80,6 +96,8 @@ def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
         "rejected": int(answer.rejected),
         "confidence": answer.confidence,
         "epsilon0": privacy.epsilon0,
+        "local_guarantee": privacy.local_guarantee,
+        "local_epsilon": privacy.epsilon0 if privacy.local_guarantee else None,
         "central_epsilon": finite(privacy.central_epsilon),
         "central_epsilon_unavailable": unavailable or None,
         "delta": privacy.delta,
@@ -90,6 +108,7 @@ def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
         "privacy_note": privacy.note,
         "analysis": privacy.analysis,
         "amplified": privacy.amplified,
+        "evaluated_n": int(privacy.evaluated_n) or None,
         "simultaneous": answer.simultaneous,
         "post_processing_applied": list(answer.post_processing_applied),
         "buckets": answer_rows(answer, truth),

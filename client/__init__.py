@@ -5,12 +5,17 @@ from deniable.client.outbox import Outbox, OutboxRow
 from deniable.client.reporter import (
     CampaignClosed,
     CampaignInvalid,
+    CampaignPolicyError,
+    CampaignRefused,
     CampaignUnavailable,
+    DevicePolicy,
     Reporter,
     SendResult,
+    verify_description,
 )
 from deniable.client.sync import SyncReporter
 from deniable.client.transport import GrpcTransport, InMemoryTransport, Transport, TransportError
+from deniable.core.crypto import CampaignSignatureError
 from deniable.core.tls import ClientTls
 
 __all__ = [
@@ -18,8 +23,12 @@ __all__ = [
     "BudgetLedger",
     "CampaignClosed",
     "CampaignInvalid",
+    "CampaignPolicyError",
+    "CampaignRefused",
+    "CampaignSignatureError",
     "CampaignUnavailable",
     "ClientTls",
+    "DevicePolicy",
     "GrpcTransport",
     "InMemoryTransport",
     "Outbox",
@@ -29,4 +38,5 @@ __all__ = [
     "SyncReporter",
     "Transport",
     "TransportError",
+    "verify_description",
 ]

@@ -1,5 +1,10 @@
 """Per-device privacy budget: how much local epsilon this device has spent, per campaign and overall.
 
+Only local guarantees are booked as epsilon. Shuffle-only protocols (``local_privacy`` False) give a
+report no local epsilon: their epsilon0 is a central target that holds only if the shuffler and
+the aggregator do not collude, so they are recorded apart, as central-only participations
+(``participate``), and never added to the local spend or the device-wide limit.
+
 Composition is basic and sequential: the spend of a campaign is the sum of the epsilon0 of the
 reports sent for it, and the device-wide spend is the sum over campaigns. Amounts are kept as
 integers in micro-epsilon (1e-6) units, each rounded to the nearest unit, so ``0.1 + 0.2`` fits a
@@ -28,6 +33,11 @@ CREATE TABLE IF NOT EXISTS budget (
     spent_micro INTEGER NOT NULL,
     limit_micro INTEGER NOT NULL,
     charges INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS participation (
+    campaign_id TEXT PRIMARY KEY,
+    reports INTEGER NOT NULL,
+    central_target_micro INTEGER NOT NULL
 );
 """
 
@@ -123,8 +133,46 @@ class BudgetLedger:
                 raise
             db.execute("COMMIT")
 
+    def participate(self, campaign_id: str, central_target: float, limit: int) -> None:
+        """Record one report to a shuffle-only campaign (no local epsilon), or raise BudgetExceeded
+        when it would be the campaign's ``limit``-plus-first; ``central_target`` is kept for display."""
+        target = to_micro(central_target)
+        with self._lock:
+            db = self._conn()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute(
+                    "SELECT reports FROM participation WHERE campaign_id = ?", (campaign_id,)
+                ).fetchone()
+                done = int(row[0]) if row else 0
+                if done + 1 > limit:
+                    raise BudgetExceeded(f"campaign {campaign_id!r} (central-only reports)", done, 1, limit)
+                db.execute(
+                    "INSERT INTO participation (campaign_id, reports, central_target_micro) VALUES (?, 1, ?) "
+                    "ON CONFLICT (campaign_id) DO UPDATE SET reports = reports + 1, "
+                    "central_target_micro = excluded.central_target_micro",
+                    (campaign_id, target),
+                )
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def participations(self, campaign_id: str | None = None) -> int:
+        """Reports sent to shuffle-only campaigns (one campaign, or all): central-only, no local epsilon."""
+        with self._lock:
+            db = self._conn()
+            if campaign_id is None:
+                row = db.execute("SELECT COALESCE(SUM(reports), 0) FROM participation").fetchone()
+            else:
+                row = db.execute(
+                    "SELECT COALESCE(SUM(reports), 0) FROM participation WHERE campaign_id = ?",
+                    (campaign_id,),
+                ).fetchone()
+        return int(row[0])
+
     def spent(self, campaign_id: str | None = None) -> float:
-        """Epsilon spent on one campaign, or on all of them when ``campaign_id`` is None."""
+        """Local epsilon spent on one campaign, or on all of them when ``campaign_id`` is None."""
         with self._lock:
             db = self._conn()
             if campaign_id is None:

@@ -1,15 +1,24 @@
-"""The device side of a campaign: randomise locally, seal to the aggregator, queue, deliver.
+"""The device side of a campaign: randomise on the device, seal to the aggregator, queue, deliver.
 
-Every answer is randomised on the device (local epsilon0-DP) before anything leaves it, padded to
-the campaign's fixed plaintext length and sealed with HPKE to the aggregator's key, so the
-shuffler only ever relays ciphertexts of one size.
+Every answer is randomised on the device before anything leaves it, padded to the campaign's fixed
+plaintext length and sealed with HPKE to the aggregator's key, so the shuffler only ever relays
+ciphertexts of one size. What a device keeps depends on the mechanism (docs/sdk-privacy.md):
 
-Trust note: the campaign description (including the aggregator's public key) reaches the device
-through the shuffler. A malicious shuffler could swap in a key of its own and read every report
-(it would still see only locally randomised answers, so epsilon0 holds, but the shuffle
-amplification would be lost). The deployment's answer is to pin the aggregator's key (or the
-campaign description's digest) in the app, and to use mutual TLS to an authenticated shuffler;
-this SDK checks the key's form and the report sizes, not who issued the key.
+- local randomisers (``mechanism_has_local_guarantee``): each report is locally epsilon0-DP, so
+  epsilon0 holds whatever the shuffler, the aggregator, or both together do; the shuffle only adds
+  the central (epsilon, delta) on top, and is lost if either misbehaves.
+- shuffle-only protocols (cheu_binary_sum, balcer_cheu_histogram, multi_message_sum(_binomial),
+  multi_message_histogram, sample_and_threshold): a report alone is NOT private (a message can
+  carry the true value, or shares that add up to it). Their epsilon0 is a central target that
+  holds only if the shuffler hides senders AND the aggregator never sees who sent what. A
+  shuffler that swaps in a key of its own, or an aggregator that also sees the shuffler's input,
+  learns each device's value. ``require_local_guarantee`` refuses such campaigns.
+
+Trust note: the campaign description (including the aggregator's HPKE public key and epsilon0)
+reaches the device through the shuffler or an MQTT broker, neither of which is trusted with it.
+The aggregator signs every description with its Ed25519 signing key; ``Reporter.fetch`` verifies
+that signature against the key the app pins (``aggregator_key``) and the app's ``DevicePolicy``
+before anything is sealed (docs/security.md, "Campaign signatures").
 """
 
 from __future__ import annotations
@@ -19,15 +28,27 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from deniable.client.budget import BudgetExceeded, BudgetLedger, fits
 from deniable.client.outbox import Outbox
 from deniable.client.transport import Transport, TransportError
-from deniable.core.campaigns import layout_for, randomiser_for, valid_campaign_id
-from deniable.core.crypto import SUITE_NAME, PublicKey, seal_report
+from deniable.core import mechanisms
+from deniable.core.campaigns import (
+    layout_for,
+    mechanism_has_local_guarantee,
+    randomiser_for,
+    valid_campaign_id,
+)
+from deniable.core.crypto import (
+    CampaignSignatureError,
+    PublicKey,
+    kem_for_suite,
+    seal_report,
+    verify_campaign,
+)
 from deniable.core.rng import Csprng, default_rng
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.v1 import deniable_pb2 as pb
@@ -83,6 +104,96 @@ class CampaignInvalid(Exception):
     """The campaign description is inconsistent, so reports made from it could not be counted."""
 
 
+class CampaignPolicyError(Exception):
+    """A correctly signed campaign asks for weaker privacy than the app's DevicePolicy accepts."""
+
+
+@dataclass(frozen=True)
+class DevicePolicy:
+    """The weakest campaign an app accepts, checked after the signature (``CampaignPolicyError``).
+
+    ``allowed_mechanisms``: mechanism names (e.g. "grr", "binary_rr"); None allows every one.
+    ``min_batch``: the smallest n_min (reports per shuffled batch) accepted.
+    ``require_local_dp``: refuse shuffle-only protocols, whose reports carry no local guarantee.
+    """
+
+    max_epsilon0: float = math.inf
+    allowed_mechanisms: frozenset[str] | None = None
+    min_batch: int = 0
+    max_device_budget: float = math.inf
+    require_local_dp: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        max_epsilon0: float = math.inf,
+        allowed_mechanisms: Iterable[str] | None = None,
+        min_batch: int = 0,
+        max_device_budget: float = math.inf,
+        require_local_dp: bool = False,
+    ) -> DevicePolicy:
+        """A policy from any iterable of mechanism names."""
+        names = None if allowed_mechanisms is None else frozenset(m.lower() for m in allowed_mechanisms)
+        return cls(max_epsilon0, names, min_batch, max_device_budget, require_local_dp)
+
+    def check(self, campaign: pb.Campaign) -> None:
+        """Raise CampaignPolicyError naming the first limit the campaign exceeds."""
+        name = f"campaign {campaign.id[:80]!r}"
+        if self.require_local_dp and not mechanism_has_local_guarantee(campaign):
+            raise CampaignPolicyError(
+                f"{name}: a shuffle-only protocol, its reports carry no local guarantee"
+            )
+        if not campaign.epsilon0 <= self.max_epsilon0:
+            raise CampaignPolicyError(
+                f"{name}: ε0 {campaign.epsilon0:g} exceeds the policy's {self.max_epsilon0:g}"
+            )
+        if not campaign.device_budget_epsilon <= self.max_device_budget:
+            raise CampaignPolicyError(
+                f"{name}: device budget {campaign.device_budget_epsilon:g} exceeds the policy's"
+                f" {self.max_device_budget:g}"
+            )
+        if campaign.n_min < self.min_batch:
+            raise CampaignPolicyError(
+                f"{name}: n_min {campaign.n_min} is below the policy's {self.min_batch}"
+            )
+        if self.allowed_mechanisms is not None:
+            try:
+                mechanism = mechanisms.name_for_proto(campaign.mechanism)
+            except ValueError:
+                mechanism = f"mechanism {int(campaign.mechanism)}"
+            if mechanism not in self.allowed_mechanisms:
+                raise CampaignPolicyError(f"{name}: {mechanism} is not an allowed mechanism")
+
+
+def verify_description(
+    campaign: pb.Campaign,
+    aggregator_key: bytes | str | None,
+    *,
+    insecure_skip_verify: bool = False,
+    policy: DevicePolicy | None = None,
+) -> None:
+    """Check a fetched description: signature by the pinned key, then the device policy.
+
+    Without ``aggregator_key`` it refuses (CampaignSignatureError) unless ``insecure_skip_verify``.
+    """
+    if aggregator_key is not None:
+        try:
+            verify_campaign(campaign, aggregator_key)
+        except ValueError as exc:  # a malformed pinned key is the app's bug: say so
+            raise CampaignSignatureError(f"the pinned aggregator key is unusable: {exc}") from None
+    elif not insecure_skip_verify:
+        raise CampaignSignatureError(
+            "no aggregator signing key pinned: pass aggregator_key=..."
+            " (or insecure_skip_verify=True in tests)"
+        )
+    if policy is not None:
+        policy.check(campaign)
+
+
+class CampaignRefused(Exception):
+    """The campaign is valid but weaker than this device accepts (e.g. no local guarantee)."""
+
+
 @dataclass(frozen=True)
 class SendResult:
     """Outcome of one ``send_pending``: acknowledged, permanently rejected, and still queued reports."""
@@ -117,7 +228,11 @@ def validate_campaign(campaign: pb.Campaign) -> None:
         randomiser = randomiser_for(campaign)
     except ValueError as exc:
         raise CampaignInvalid(f"campaign {campaign.id!r}: {exc}") from exc
-    layout = layout_for(randomiser)
+    try:
+        kem = kem_for_suite(campaign.hpke_suite)
+    except ValueError as exc:
+        raise CampaignInvalid(f"campaign {campaign.id!r}: {exc}") from None
+    layout = layout_for(randomiser, kem.suite_name)
     declared = (campaign.payload_length, campaign.plaintext_length, campaign.ciphertext_length)
     expected = (layout.payload_length, layout.plaintext_length, layout.ciphertext_length)
     if declared != expected:
@@ -125,12 +240,11 @@ def validate_campaign(campaign: pb.Campaign) -> None:
             f"campaign {campaign.id!r} declares payload/plaintext/ciphertext lengths {declared}, "
             f"its mechanism gives {expected}"
         )
-    if len(campaign.public_key) != 32:
+    if len(campaign.public_key) != kem.public_length:
         raise CampaignInvalid(
-            f"campaign {campaign.id!r}: public key is {len(campaign.public_key)} bytes, not 32"
+            f"campaign {campaign.id!r}: public key is {len(campaign.public_key)} bytes,"
+            f" not {kem.public_length} ({kem.name})"
         )
-    if campaign.hpke_suite != SUITE_NAME:
-        raise CampaignInvalid(f"campaign {campaign.id!r}: unsupported HPKE suite {campaign.hpke_suite!r}")
     budget = campaign.device_budget_epsilon
     if not (math.isfinite(budget) and budget > 0):
         raise CampaignInvalid(f"campaign {campaign.id!r}: device budget {budget!r} is not a positive number")
@@ -146,11 +260,20 @@ class Reporter:
         transport: Transport,
         ledger: BudgetLedger | None = None,
         *,
+        require_local_guarantee: bool = False,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        """Check the campaign (CampaignInvalid) and rebuild its randomiser; ``clock``/``sleep`` for tests."""
+        """Check the campaign (CampaignInvalid; CampaignRefused if ``require_local_guarantee`` and
+        it has none) and rebuild its randomiser; ``clock``/``sleep`` for tests.
+
+        The description is trusted as given: use ``fetch``, or ``verify_description`` first, for one
+        that came through the shuffler, a broker or any cache."""
         validate_campaign(campaign)
+        if require_local_guarantee and not mechanism_has_local_guarantee(campaign):
+            raise CampaignRefused(
+                f"campaign {campaign.id!r} uses a shuffle-only protocol: its reports carry no local guarantee"
+            )
         self.campaign = pb.Campaign()
         self.campaign.CopyFrom(campaign)
         self.randomiser = randomiser_for(self.campaign)
@@ -170,23 +293,39 @@ class Reporter:
         outbox: Outbox,
         ledger: BudgetLedger | None = None,
         *,
+        aggregator_key: bytes | str | None = None,
+        insecure_skip_verify: bool = False,
+        policy: DevicePolicy | None = None,
+        require_local_guarantee: bool = False,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
         give_up_after_s: float = 60.0,
         base_delay_s: float = 0.05,
         max_delay_s: float = 5.0,
     ) -> Reporter:
-        """A Reporter for the campaign as the shuffler describes it (see the trust note above).
+        """A Reporter for the campaign, once its signature verifies with the pinned ``aggregator_key``
+        (the aggregator's Ed25519 signing public key, raw or hex) and it fits ``policy``.
 
         A retryable TransportError is retried with the full-jitter backoff of ``send_pending``;
-        after ``give_up_after_s`` (measured with ``clock``) it raises CampaignUnavailable.
+        after ``give_up_after_s`` (measured with ``clock``) it raises CampaignUnavailable. Raises
+        CampaignSignatureError (unsigned, altered, another key, or no key pinned without
+        ``insecure_skip_verify=True``), CampaignPolicyError, or CampaignInvalid.
         """
         campaign = await _get_campaign_retrying(
             campaign_id, transport, clock, sleep, give_up_after_s, base_delay_s, max_delay_s
         )
+        verify_description(campaign, aggregator_key, insecure_skip_verify=insecure_skip_verify, policy=policy)
         if campaign.id != campaign_id:
             raise CampaignInvalid(f"asked for campaign {campaign_id!r}, got {campaign.id!r}")
-        return cls(campaign, outbox, transport, ledger, clock=clock, sleep=sleep)
+        return cls(
+            campaign,
+            outbox,
+            transport,
+            ledger,
+            require_local_guarantee=require_local_guarantee,
+            clock=clock,
+            sleep=sleep,
+        )
 
     def check_open(self) -> None:
         """Raise CampaignClosed unless the window is open now (start inclusive, end exclusive)."""
@@ -235,10 +374,20 @@ class Reporter:
         self.randomiser.check_value(value)
         self.check_open()
         if self.ledger is not None:
-            self.ledger.charge(self.campaign.id, self.campaign.epsilon0, self.campaign.device_budget_epsilon)
+            self._book(self.ledger)
         sealed = self._seal(value)
         self.outbox.add_answers([[report for _, report in sealed]])
         return sealed[0][0]
+
+    def _book(self, ledger: BudgetLedger) -> None:
+        """Local epsilon0 for a local randomiser; a central-only participation for a shuffle-only one
+        (at most budget / epsilon0 reports per campaign), never booked as local epsilon."""
+        campaign = self.campaign
+        if mechanism_has_local_guarantee(campaign):
+            ledger.charge(campaign.id, campaign.epsilon0, campaign.device_budget_epsilon)
+        else:
+            limit = max(1, math.floor(campaign.device_budget_epsilon / campaign.epsilon0 * (1 + 1e-9)))
+            ledger.participate(campaign.id, campaign.epsilon0, limit)
 
     def record_many(self, values: Sequence[int], progress: bool = False) -> int:
         """Queue one report per value, each from a distinct simulated device; for simulations.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deniable.core import mechanisms
-from deniable.core.crypto import ciphertext_length
+from deniable.core.crypto import SUITE_NAME, ciphertext_length
 from deniable.core.mechanisms import LocalRandomiser
 from deniable.core.wire import plaintext_length
 from deniable.core.wire.codec import CAMPAIGN_ID_PATTERN
@@ -32,10 +32,10 @@ def valid_campaign_id(campaign_id: str) -> bool:
     return bool(CAMPAIGN_ID_PATTERN.fullmatch(campaign_id))
 
 
-def layout_for(randomiser: LocalRandomiser) -> ReportLayout:
-    """Payload, padded plaintext and ciphertext lengths for a randomiser."""
+def layout_for(randomiser: LocalRandomiser, suite_name: str = SUITE_NAME) -> ReportLayout:
+    """Payload, padded plaintext and ciphertext lengths for a randomiser sealed under ``suite_name``."""
     plain = plaintext_length(randomiser.payload_length)
-    return ReportLayout(randomiser.payload_length, plain, ciphertext_length(plain))
+    return ReportLayout(randomiser.payload_length, plain, ciphertext_length(plain, suite_name))
 
 
 def randomiser_for(campaign: pb.Campaign) -> LocalRandomiser:
@@ -46,3 +46,14 @@ def randomiser_for(campaign: pb.Campaign) -> LocalRandomiser:
         domain_size=len(campaign.labels),
         **dict(campaign.params),
     )
+
+
+def mechanism_has_local_guarantee(campaign: pb.Campaign) -> bool:
+    """Whether each report of the campaign is locally epsilon0-DP on its own (from the mechanism,
+    never from the description's own ``local_guarantee`` claim); False for shuffle-only protocols."""
+    return mechanisms.mechanism_class(mechanisms.name_for_proto(campaign.mechanism)).local_privacy
+
+
+def local_epsilon(campaign: pb.Campaign) -> float | None:
+    """The local epsilon a device keeps whoever misbehaves, or None for a shuffle-only protocol."""
+    return campaign.epsilon0 if mechanism_has_local_guarantee(campaign) else None

@@ -26,6 +26,8 @@ class Services:
     operator: pb_grpc.AggregatorAsyncStub
     campaigns: list[pb.Campaign]
     certs: Path
+    signing_key: str
+    """The aggregator's Ed25519 signing public key (hex): what an app pins."""
     flush: Callable[[], Awaitable[pb.FlushResponse]]
 
 
@@ -84,8 +86,15 @@ async def running_services(
             channel = open_channel(aggregator.address, operator_tls)
             operator = pb_grpc.AggregatorStub(channel)
             created = [await operator.CreateCampaign(request, timeout=120) for request in requests]
+            keys = await operator.ListKeys(pb.ListKeysRequest(), timeout=30)
             yield Services(
-                aggregator.address, shuffler.address, operator, created, certs.directory, shuffler.flush
+                aggregator.address,
+                shuffler.address,
+                operator,
+                created,
+                certs.directory,
+                keys.signing_public_key.hex(),
+                shuffler.flush,
             )
             await channel.close()
         finally:

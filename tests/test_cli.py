@@ -110,11 +110,13 @@ def services(tmp_path: Path, certs: Path) -> Iterator[tuple[str, str]]:
         assert codes == [0, 0], "services must exit 0 after SIGTERM (graceful shutdown)"
 
 
-def test_demo_json_has_the_documented_shape(tmp_path: Path) -> None:
+def test_demo_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.json"
     plot = tmp_path / "plot.png"
     assert main(["demo", "--devices", "1200", "--json", str(out), "--plot", str(plot), "--no-progress"]) == 0
     report = json.loads(out.read_text())
+    assert len(bytes.fromhex(report["signing_public_key"])) == 32  # the devices pinned it
+    assert "campaigns signed" in capsys.readouterr().out
     kinds = sorted(c["kind"] for c in report["campaigns"])
     assert kinds == ["binary", "histogram"]
     for campaign in report["campaigns"]:
@@ -190,7 +192,11 @@ def test_operator_commands_against_served_processes(services: tuple[str, str], c
     assert missing.returncode == 1
     assert "NOT_FOUND" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
     keys = _run("keys", "show", "--aggregator", aggregator, "--json", *operator)
-    assert keys.returncode == 0 and len(bytes.fromhex(json.loads(keys.stdout)[0]["public_key"])) == 32
+    shown = json.loads(keys.stdout)
+    assert keys.returncode == 0 and len(bytes.fromhex(shown["keys"][0]["public_key"])) == 32
+    assert len(bytes.fromhex(shown["signing_public_key"])) == 32
+    assert shown["keys"][0]["state"] == "active"
+    assert set(shown["keys"][0]["campaigns"]) == {"lang", "win"}  # "win": the batch-target campaign above
     shuffler_cert = [*_tls(certs, "shuffler")]  # a valid certificate, but not the operator's role
     refused = _run("campaign", "list", "--aggregator", aggregator, *shuffler_cert)
     assert refused.returncode == 0  # the shuffler role may read campaigns (it relays them) ...
@@ -219,6 +225,30 @@ def test_without_tls_or_insecure_every_command_is_a_one_line_error(command: list
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--insecure" in lines[0], result.stderr
+
+
+def test_key_rotation_hybrid_campaign_close_and_destroy_commands(
+    services: tuple[str, str], certs: Path
+) -> None:
+    """keys rotate / campaign create --kem / campaign close / keys destroy, through the served CLI."""
+    aggregator, _ = services
+    op = ["--aggregator", aggregator, *_tls(certs, "operator")]
+    base = [*op, "--kind", "binary", "--question", "q?", "--epsilon0", "1", "--json"]
+    assert _run("campaign", "create", "--id", "old", *base).returncode == 0
+    rotated = _run("keys", "rotate", *op)
+    assert rotated.returncode == 0 and "key 2" in rotated.stdout, rotated.stderr
+    hybrid = _run("campaign", "create", "--id", "pq", "--kem", "x25519-mlkem768", *base)
+    assert hybrid.returncode == 0, hybrid.stderr
+    assert json.loads(hybrid.stdout)["hpke_suite"].startswith("MLKEM768X25519")
+    refused = _run("keys", "destroy", "1", *op)
+    assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr and "old" in refused.stderr
+    assert _run("campaign", "close", "old", *op).returncode == 0
+    assert _run("keys", "destroy", "1", *op).returncode == 0
+    states = {
+        k["key_id"]: (k["state"], k["kem"])
+        for k in json.loads(_run("keys", "show", *op, "--json").stdout)["keys"]
+    }
+    assert states == {1: ("destroyed", "x25519"), 2: ("active", "x25519"), 3: ("active", "x25519-mlkem768")}
 
 
 def test_port_taken_is_a_one_line_configuration_error(tmp_path: Path) -> None:

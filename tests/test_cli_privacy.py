@@ -36,7 +36,9 @@ def test_plan_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -
         assert key in data, key
     assert data["delta"] == 1e-6 and data["n"] == 5000 and data["domain_size"] == 4
     assert isinstance(data["epsilon"], float) and data["epsilon"] <= 1.0
-    assert isinstance(data["epsilon0"], float) and data["epsilon0"] > 1.0
+    # issue 15: the near-central multi_message_histogram (shuffle-only, epsilon0 = the target) now wins
+    assert data["mechanism"] == "multi_message_histogram" and data["local_guarantee"] is False
+    assert isinstance(data["epsilon0"], float) and data["epsilon0"] == 1.0
     candidates = data["candidates"]
     assert isinstance(candidates, list)
     assert sorted(c["mechanism"] for c in candidates) == mechanisms.names()
@@ -105,6 +107,10 @@ def test_privacy_mechanisms_still_lists_the_registry(capsys: pytest.CaptureFixtu
     assert main(["privacy", "mechanisms"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in mechanisms.names())
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    for name in mechanisms.names():
+        local = mechanisms.mechanism_class(name).local_privacy
+        assert ("central only (no local DP)" in lines[name]) != local, name
 
 
 def test_campaign_create_needs_exactly_one_way(capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,7 +179,21 @@ def test_planned_campaign_and_post_processed_query(aggregator: str) -> None:
     assert created.returncode == 0, created.stderr
     campaign = json.loads(created.stdout)
     assert campaign["target_epsilon"] == 1.0 and campaign["expected_n"] == 3000
-    assert campaign["n_min"] == 3000 and campaign["epsilon0"] >= 1.0
+    # n_min counts messages: 3000 devices times the most one device sends (issue 15: the planner now
+    # picks the multi-message histogram here, d m + 1 messages per device)
+    chosen = mechanisms.create(
+        campaign["mechanism"], epsilon0=campaign["epsilon0"], domain_size=3, **campaign["params"]
+    )
+    assert campaign["n_min"] == 3000 * (chosen.max_messages_per_device or 1) and campaign["epsilon0"] >= 1.0
+    assert campaign["local_guarantee"] == chosen.local_privacy
+    shown = _cli("campaign", "show", "lang", "--aggregator", aggregator, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["local_epsilon"] == (
+        campaign["epsilon0"] if chosen.local_privacy else None
+    )
+    text = _cli("campaign", "show", "lang", "--aggregator", aggregator)
+    assert text.returncode == 0 and "local guarantee:" in text.stdout and "central guarantee:" in text.stdout
+    assert ("no local guarantee" in text.stdout) != chosen.local_privacy
     human = _cli(
         "campaign", "create", "--aggregator", aggregator, "--id", "dark", "--question", "Dark?",
         "--kind", "binary", "--mechanism", "grr", "--target-epsilon", "0.5", "--expected-n", "2000",
@@ -214,6 +234,9 @@ def test_demo_plans_and_compares_with_central_laplace(
     for campaign in report["campaigns"]:
         for key in ("id", "kind", "mechanism", "epsilon0", "central_epsilon", "delta", "n", "buckets"):
             assert key in campaign, key
+        local = mechanisms.mechanism_class(campaign["mechanism"]).local_privacy
+        assert campaign["local_guarantee"] is local  # both guarantees, apart (issue 15)
+        assert campaign["local_epsilon"] == (campaign["epsilon0"] if local else None)
         planned = campaign["planned"]
         assert planned["expected_n"] == 1500 and planned["epsilon0"] == campaign["epsilon0"]
         assert planned["central_epsilon"] <= 1.0

@@ -131,7 +131,10 @@ def _best_bound(
     summary = "; ".join(tried)
     if best is None or not is_amplified(best[0], epsilon0):
         return local_only(epsilon0, f"no analysis amplifies at n={n}, delta={delta:g} [{summary}]")
-    return AmplificationBound(best[0], delta, best[1].name, True, f"tightest of: {summary}")
+    evaluated = getattr(best[1], "evaluated_n", n)
+    return AmplificationBound(
+        best[0], delta, best[1].name, True, f"tightest of: {summary}", evaluated if evaluated < n else 0
+    )
 
 
 def best_delta(

@@ -28,6 +28,10 @@ from deniable.core.accounting.shuffle import (
 SEARCH_RELATIVE_TOLERANCE = 1e-6
 # Work budget (configurations x FFT length) of the exact binary RR analysis (about 1 s here).
 EXACT_RR_MAX_WORK = 20_000_000
+# Beyond the budget: the configuration search stops within this relative distance (in eps) of
+# an evaluated configuration's exact eps (a lower bound on the true one), or in delta for profiles.
+GRID_TOLERANCE = 0.006
+GRID_DELTA_TOLERANCE = 0.02
 # Cells (u x t) per evaluation of the full GRR blanket (about 0.15 s here; ~15 per search).
 FULL_BLANKET_MAX_CELLS = 4_000_000
 
@@ -368,9 +372,10 @@ def _cached_full_blanket_epsilon(
 class BinaryRRExact(Analysis):
     """The exact profile of shuffled binary RR: the count of ones, worst case over all others' bits.
 
-    Beyond the cost budget it is evaluated at the largest affordable n' < n: one more report adds
-    independent noise to the count (post-processing), so the exact profile only falls with n and
-    the n' value stays valid for n.
+    Within the cost budget every configuration is evaluated. Beyond it, at the same n, the
+    configurations are covered by intervals, each bounded by one smaller configuration (a user
+    converted to a known constant is post-processing; docs/amplification.md §5), refined until
+    the bound is within ``GRID_TOLERANCE`` of an evaluated configuration's exact value.
     """
 
     keep_probability: float | None = None
@@ -394,36 +399,51 @@ class BinaryRRExact(Analysis):
 
     @property
     def evaluated_n(self) -> int:
-        """n itself when affordable, else the largest n' < n within ``max_work``."""
-        return largest_affordable_n(self.n, lambda n: _binary_rr.work(self.keep, n), self.max_work)
+        """Always n: beyond the budget the configuration search runs at n itself."""
+        return self.n
+
+    @property
+    def exhaustive(self) -> bool:
+        """Whether every configuration is evaluated (within ``max_work``), else the search."""
+        return _binary_rr.work(self.keep, self.n) <= self.max_work
 
     def detail(self) -> str:
-        return budget_detail(self.n, self.evaluated_n)
+        if self.exhaustive:
+            return ""
+        return f"configuration search at n={self.n}, certified within {GRID_TOLERANCE:.1%} of exact"
 
     def delta_for_epsilon(self, epsilon: float) -> float:
         if epsilon >= self.local_epsilon:
             return 0.0
-        return _binary_rr.exact_delta(self.keep, self.evaluated_n, epsilon)
+        if self.exhaustive:
+            return _binary_rr.exact_delta(self.keep, self.n, epsilon)
+        return _cached_grid_delta(self.keep, self.n, epsilon)
 
     def epsilon_floor(self, delta: float) -> float:
         """The all-zeros configuration alone (one of the sup's terms): cheap, and never above."""
         try:
-            return min(
-                _binary_rr.exact_epsilon(self.keep, self.evaluated_n, delta, band=0), self.local_epsilon
-            )
+            return min(_binary_rr.exact_epsilon(self.keep, self.n, delta, band=0), self.local_epsilon)
         except ValueError:
             return 0.0
 
     def epsilon_for_delta(self, delta: float) -> float:
         check_inputs(self.epsilon0, self.n, delta)
         try:
-            epsilon = _cached_exact_epsilon(self.keep, self.evaluated_n, delta)
+            epsilon = _cached_exact_epsilon(self.keep, self.n, delta, self.exhaustive)
         except ValueError as exc:
             raise NotApplicable(str(exc)) from None
         return min(epsilon * (1 + 1e-12), self.local_epsilon)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_exact_epsilon(keep: float, n: int, delta: float) -> float:
+def _cached_exact_epsilon(keep: float, n: int, delta: float, exhaustive: bool) -> float:
     """The exact computation is the slow one (about 1 s at the budget): remember its answers."""
-    return _binary_rr.exact_epsilon(keep, n, delta)
+    if exhaustive:
+        return _binary_rr.exact_epsilon(keep, n, delta)
+    return _binary_rr.grid_epsilon(keep, n, delta, GRID_TOLERANCE).value
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_grid_delta(keep: float, n: int, epsilon: float) -> float:
+    """The configuration search's profile (searches call it repeatedly at the same points)."""
+    return _binary_rr.grid_delta(keep, n, epsilon, GRID_DELTA_TOLERANCE).value

@@ -62,6 +62,13 @@ class Candidate:
     expected_std_error: float = math.inf
     evaluations: int = 0
     note: str = ""
+    messages_per_device: float = math.nan  # mean messages one device sends (exact where fixed)
+    bytes_per_device: float = math.nan  # those messages sealed: mean bytes one device sends
+
+    @property
+    def local_epsilon(self) -> float | None:
+        """The local guarantee a device keeps whoever misbehaves: epsilon0, or None (shuffle-only)."""
+        return self.epsilon0 if self.local_privacy and self.feasible else None
 
 
 @dataclass(frozen=True)
@@ -94,11 +101,20 @@ class Plan:
     candidates: tuple[Candidate, ...]
     central_laplace: LaplaceBaseline
     truth_assumption: str = TRUTH_ASSUMPTION
+    require_local_dp: bool = False
 
     @property
     def chosen(self) -> Candidate:
         """The candidate row of the chosen mechanism."""
         return next(c for c in self.candidates if c.mechanism == self.mechanism and c.feasible)
+
+    @property
+    def local_alternative(self) -> Candidate | None:
+        """When the chosen mechanism has no local guarantee: the best feasible local randomiser."""
+        if self.chosen.local_privacy:
+            return None
+        local = [c for c in self.candidates if c.feasible and c.local_privacy]
+        return min(local, key=lambda c: c.expected_std_error) if local else None
 
     @property
     def ratio_to_central(self) -> float:
@@ -122,11 +138,27 @@ class Plan:
             "central_laplace": asdict(self.central_laplace),
             "ratio_to_central_laplace": self.ratio_to_central,
             "candidates": [_json_candidate(c) for c in self.candidates],
+            "local_guarantee": self.chosen.local_privacy,
+            "local_epsilon": self.chosen.local_epsilon,
+            "require_local_dp": self.require_local_dp,
+            "local_alternative": self._alternative_json(),
+        }
+
+    def _alternative_json(self) -> dict[str, Any] | None:
+        alternative = self.local_alternative
+        if alternative is None:
+            return None
+        return {
+            "mechanism": alternative.mechanism,
+            "local_epsilon": alternative.epsilon0,
+            "expected_std_error": alternative.expected_std_error,
+            "error_ratio_to_chosen": alternative.expected_std_error / self.expected_std_error,
         }
 
 
 def _json_candidate(candidate: Candidate) -> dict[str, Any]:
     row = asdict(candidate)
+    row["local_epsilon"] = candidate.local_epsilon
     for key, value in row.items():
         if isinstance(value, float) and not math.isfinite(value):
             row[key] = None
@@ -221,6 +253,7 @@ class _Search:
         self.name, self.target, self.delta, self.n, self.k = name, target, delta, n, k
         self.params = dict(params)
         self.seen: dict[float, tuple[bool, float, Any, Any]] = {}
+        self.refusal = ""  # the last constructor's reason for refusing an epsilon0
 
     def __call__(self, epsilon0: float) -> tuple[bool, float]:
         """(meets the target, log(central / target) or nan)."""
@@ -236,7 +269,8 @@ class _Search:
         try:
             randomiser = mechanisms.create(self.name, epsilon0=epsilon0, domain_size=self.k, **self.params)
             bound = randomiser.central_guarantee(self.n, self.delta)
-        except ValueError:
+        except ValueError as exc:
+            self.refusal = str(exc)
             result = (False, math.nan, None, None)
         else:
             result = (
@@ -384,7 +418,7 @@ def _largest_epsilon0(
             feasible=False,
             evaluations=len(search.seen),
             note=f"no epsilon0 >= {target * SMALLEST_FRACTION:.3g} gives central epsilon <= {target:g}"
-            f" at n={n}, delta={delta:g}",
+            f" at n={n}, delta={delta:g}" + (f" ({search.refusal})" if search.refusal else ""),
         )
     lo, hi = bracket
     if lo == hi:
@@ -416,7 +450,20 @@ def _candidate(name: str, search: _Search, epsilon0: float, n: int, note: str) -
         expected_std_error=expected_std_error(randomiser, n),
         evaluations=len(search.seen),
         note=note,
+        **device_cost(randomiser),
     )
+
+
+def device_cost(randomiser: Any) -> dict[str, float]:
+    """Mean messages per device and the bytes they take sealed (fixed-length HPKE ciphertexts)."""
+    from deniable.core.campaigns import layout_for
+
+    fixed = randomiser.messages_per_device
+    messages = float(fixed if fixed is not None else getattr(randomiser, "expected_messages", 1.0))
+    return {
+        "messages_per_device": messages,
+        "bytes_per_device": messages * layout_for(randomiser).ciphertext_length,
+    }
 
 
 def plan(
@@ -426,11 +473,13 @@ def plan(
     domain_size: int,
     mechanisms: Iterable[str] | None = None,
     params: Mapping[str, float] | None = None,
+    require_local_dp: bool = False,
 ) -> Plan:
     """Every candidate's largest epsilon0 meeting the target at n; the smallest std error wins.
 
     ``mechanisms`` limits the candidates (default: every registered one); ``params`` fixes
-    mechanism parameters (only sensible with one mechanism). PlanningError when none qualifies.
+    mechanism parameters (only sensible with one mechanism); ``require_local_dp`` keeps only local
+    randomisers (a device keeps epsilon0 whoever misbehaves). PlanningError when none qualifies.
     """
     from deniable.core import mechanisms as registry
 
@@ -438,6 +487,8 @@ def plan(
     names = list(mechanisms) if mechanisms is not None else registry.names()
     for name in names:
         registry.mechanism_class(name)  # ValueError naming the known ones
+    if require_local_dp:
+        names = [name for name in names if registry.mechanism_class(name).local_privacy]
     candidates = [best_configuration(name, target_epsilon, delta, n, domain_size, params) for name in names]
     ranked = sorted(candidates, key=lambda c: (not c.feasible, c.expected_std_error, c.mechanism))
     best = ranked[0] if ranked else None
@@ -460,6 +511,7 @@ def plan(
         expected_std_error=best.expected_std_error,
         candidates=tuple(ranked),
         central_laplace=central_laplace(float(target_epsilon), float(delta), int(domain_size)),
+        require_local_dp=require_local_dp,
     )
 
 

@@ -1,8 +1,9 @@
 """Central (epsilon, delta) of the shuffle-only protocols, each from its own analysis.
 
 - Cheu et al. 2019 binary sums: the exact profile of shuffled binary RR at keep = 1 - gamma/2.
-- Balcer & Cheu 2020 histograms: their Theorem (binary protocol (eps, delta)-DP for
-  n >= 100 ln(2/delta) / eps^2 with 1 - p = 50 ln(2/delta) / (eps^2 n)); two buckets change.
+- Balcer & Cheu 2020 histograms: the exact hockey-stick profile of the two changed buckets'
+  counts (x + Bin(n, p) each, composed exactly); their Theorem (n >= 100 ln(2/delta) / eps^2,
+  1 - p = 50 ln(2/delta) / (eps^2 n)) is kept as a cross-check.
 - Sample and threshold (Bharadwaj & Cormode 2022): the exact hockey-stick profile of the
   released, thresholded histogram (worst case over the other users), as Li, Qardaji, Su 2012.
 - Multi-message summation: exact profile of the total noise (Polya differences, discrete Laplace
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
@@ -32,9 +34,11 @@ else:
 GRID_BITS: Final = 52  # noise probabilities are multiples of 2**-52: exact as doubles in params
 GRID: Final = 1 << GRID_BITS
 _SAFETY: Final = 1 + 1e-9  # relative margin on float-computed divergences
+_LOG_TAIL: Final = 60.0  # pmf windows leave out at most e^-60 of mass
 
 CHEU = "Cheu et al. 2019 randomiser: exact shuffled binary-RR profile"
 BALCER_CHEU = "Balcer-Cheu 2020 histogram theorem"
+BALCER_CHEU_EXACT = "Balcer-Cheu 2020 histogram: exact profile of the two changed buckets"
 SAMPLE_THRESHOLD = "sample-and-threshold: exact profile of the released histogram"
 MULTI_SUM = "multi-message sum: exact binomial-difference profile + split-and-mix distance"
 MULTI_SUM_POLYA = "multi-message sum: exact Polya (discrete Laplace) noise profile + split-and-mix distance"
@@ -135,7 +139,8 @@ def cheu_flip_for_target(epsilon: float, delta: float, n: int) -> int:
 
 
 def balcer_cheu_gamma(epsilon: float, delta: float, n: int) -> int:
-    """Grid numerator of 1 - p = 50 ln(2/delta_b) / (eps_b^2 n), rounded up; ValueError if invalid.
+    """The paper's 1 - p = 50 ln(2/delta_b) / (eps_b^2 n) as a grid numerator, rounded up (the
+    theorem's calibration, kept for comparison: the exact profile needs ~70x less); ValueError if invalid.
 
     eps_b, delta_b = eps/2, delta/2 per bucket (two buckets change); needs eps_b <= 1, n >= 2x that.
     """
@@ -172,16 +177,143 @@ def balcer_cheu_guarantee(gamma: Fraction, n: int, delta: float) -> Amplificatio
     return AmplificationBound(2 * eps_b, delta, BALCER_CHEU, True, note)
 
 
-def balcer_cheu_delta(gamma: Fraction, n: int, epsilon: float) -> float:
-    """The theorem solved for delta: 4 exp(-eps_b^2 (1 - p) n / 50), eps_b = min(eps, 2)/2 <= 1.
+# Exact composition of the two buckets a changed value moves (shared by the histograms).
 
-    Above eps = 2 the theorem's range ends; the profile only falls with eps, so delta(2) holds.
-    1 (nothing) outside the theorem (no devices, or 1 - p > 1/2).
+
+def _shift_components(pmf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(P_a, Q_a, P_b, Q_b) on one grid: bucket a gains the device (W + 1 vs W), b loses it."""
+    shifted = np.concatenate(([0.0], pmf))
+    here = np.concatenate((pmf, [0.0]))
+    return shifted, here, here, shifted
+
+
+def two_bucket_delta(pmf: np.ndarray, neglected: float, epsilon: float) -> float:
+    """Exact D_{e^eps}((W_a + 1, W_b) || (W_a, W_b + 1)), W_a, W_b iid with law ``pmf``.
+
+    For each a-outcome the b-outcomes with total privacy loss above eps are a suffix in loss order,
+    so the double sum is one sort and prefix sums; the window's missing mass (2 x ``neglected``)
+    is added. The pair is symmetric, so this is the divergence in both directions.
     """
-    if n < 1 or gamma > Fraction(1, 2) or epsilon <= 0:
+    p_a, q_a, p_b, q_b = _shift_components(np.asarray(pmf, dtype=np.float64))
+    with np.errstate(divide="ignore"):
+        loss_a = np.log(p_a) - np.log(q_a)
+        loss_b = np.log(p_b) - np.log(q_b)
+    keep_a, keep_b = p_a > 0, p_b > 0
+    loss_a, p_a, q_a = loss_a[keep_a], p_a[keep_a], q_a[keep_a]
+    order = np.argsort(loss_b[keep_b], kind="stable")
+    sorted_loss = loss_b[keep_b][order]
+    p_suffix = np.concatenate((np.cumsum(p_b[keep_b][order][::-1])[::-1], [0.0]))
+    q_suffix = np.concatenate((np.cumsum(q_b[keep_b][order][::-1])[::-1], [0.0]))
+    start = np.searchsorted(sorted_loss, epsilon - loss_a, side="right")
+    terms = p_a * p_suffix[start] - math.exp(epsilon) * q_a * q_suffix[start]
+    hockey = float(np.clip(terms, 0.0, None).sum())
+    return min(1.0, hockey * _SAFETY + 2 * neglected + 1e-300)
+
+
+def smallest_epsilon(profile: Callable[[float], float], delta: float) -> float:
+    """Smallest eps (to ~1e-6 relative, from above) with profile(eps) <= delta; inf above eps = 64."""
+    upper = 0.25
+    while profile(upper) > delta:
+        upper *= 2
+        if upper > 64:
+            return math.inf
+    return search_epsilon(profile, delta, upper)
+
+
+# =========================================================================== Balcer & Cheu, exact
+
+
+@functools.lru_cache(maxsize=256)
+def _skip_law(n: int, gamma: float) -> tuple[np.ndarray, float]:
+    """pmf of N' ~ Bin(n, 1 - p) (skipped noise messages) on its Chernoff window, and the cut mass."""
+    lo, hi, neglected = chernoff_window(n, gamma, _LOG_TAIL)
+    return pmf_run(lo, hi - lo + 1, n, gamma), neglected
+
+
+def balcer_cheu_exact_delta(gamma: Fraction, n: int, epsilon: float) -> float:
+    """Exact delta(eps) of the shuffled counts: c_j = x_j + n - N'_j, two buckets changed.
+
+    The reflection W = -N' maps the pair to the same one-gains-one-loses shape, so the profile of
+    N' serves. 1 with no devices; 0 when gamma = 0 is excluded (gamma lies in (0, 1/2]).
+    """
+    if n < 1 or epsilon < 0:
         return 1.0
-    eps_b = min(epsilon, 2.0) / 2
-    return min(1.0, 4 * math.exp(-(eps_b**2) * float(gamma) * n / 50) * _SAFETY)
+    pmf, neglected = _skip_law(int(n), float(gamma))
+    return two_bucket_delta(pmf, neglected, epsilon)
+
+
+@functools.lru_cache(maxsize=512)
+def balcer_cheu_exact_guarantee(gamma: Fraction, n: int, delta: float) -> AmplificationBound:
+    """Smallest eps whose exact two-bucket profile is <= delta at n devices and 1 - p = gamma."""
+    _check_delta(delta)
+    if n < 1:
+        return not_applicable(BALCER_CHEU_EXACT, "no devices")
+    if not 0 < gamma <= Fraction(1, 2):
+        return not_applicable(BALCER_CHEU_EXACT, f"1 - p = {float(gamma):.4g} outside (0, 1/2]")
+    epsilon = smallest_epsilon(lambda eps: balcer_cheu_exact_delta(gamma, n, eps), delta)
+    if math.isinf(epsilon):
+        return not_applicable(BALCER_CHEU_EXACT, f"no epsilon below 64 reaches delta={delta:g} at n={n}")
+    theorem = balcer_cheu_guarantee(gamma, n, delta)
+    note = f"1 - p = {float(gamma):.6g}, n={n}; two changed buckets composed exactly; theorem: " + (
+        f"eps = {theorem.epsilon:.4g}" if theorem.amplified else "not applicable"
+    )
+    return AmplificationBound(epsilon, delta, BALCER_CHEU_EXACT, True, note)
+
+
+def _bc_meets(numerator: int, epsilon: float, delta: float, n: int) -> bool:
+    return balcer_cheu_exact_guarantee(Fraction(numerator, GRID), n, delta).epsilon <= epsilon
+
+
+def balcer_cheu_min_n(epsilon: float, delta: float) -> int:
+    """Smallest n at which 1 - p = 1/2 (the most noise the protocol allows) meets (eps, delta)."""
+    half = GRID // 2
+    hi = 2
+    while not _bc_meets(half, epsilon, delta, hi):
+        hi *= 2
+        if hi > 1 << 40:
+            raise ValueError(f"Balcer-Cheu cannot reach epsilon={epsilon:g}, delta={delta:g} at any n")
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _bc_meets(half, epsilon, delta, mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@functools.lru_cache(maxsize=128)
+def balcer_cheu_exact_gamma(epsilon: float, delta: float, n: int) -> int:
+    """Grid numerator of the smallest 1 - p (to 1/128 relative) whose exact profile meets the target.
+
+    ValueError naming the smallest n that would when even 1 - p = 1/2 does not.
+    """
+    _check_delta(delta)
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError("the target epsilon must be positive and finite")
+    half = GRID // 2
+    if not _bc_meets(half, epsilon, delta, n):
+        raise ValueError(
+            f"balcer_cheu_histogram cannot reach epsilon={epsilon:g}, delta={delta:g} at expected_n={n};"
+            f" the smallest n that can is {balcer_cheu_min_n(epsilon, delta)}"
+        )
+    lo_e, hi_e = 0, GRID_BITS - 1  # 2**hi_e = 1/2 meets the target
+    if _bc_meets(1, epsilon, delta, n):
+        return 1
+    while hi_e - lo_e > 1:
+        mid = (lo_e + hi_e) // 2
+        if _bc_meets(1 << mid, epsilon, delta, n):
+            hi_e = mid
+        else:
+            lo_e = mid
+    lo, hi = 1 << lo_e, 1 << hi_e
+    while hi - lo > max(1, hi >> 7):
+        mid = (lo + hi) // 2
+        if _bc_meets(mid, epsilon, delta, n):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 # =========================================================================== sample and threshold
@@ -266,7 +398,6 @@ def sample_threshold_guarantee(rate: float, threshold: int, delta: float) -> Amp
 
 # =========================================================================== multi-message sum
 
-_LOG_TAIL: Final = 60.0
 SHARE_BOUND_MAX_N: Final = 3000
 
 
@@ -418,3 +549,71 @@ def multi_sum_guarantee(
         f" split-and-mix m={m}, q={q}: TV <= {eta:.3g} (x (1 + e^eps))"
     )
     return AmplificationBound(upper, delta, analysis, True, note)
+
+
+# =========================================================================== multi-message histogram
+
+MULTI_HISTOGRAM = "multi-message histogram: exact two-bucket Polya noise profile + 2 split-and-mix distances"
+
+
+def multi_histogram_noise_delta(n: int, p: float, shares: int, epsilon: float) -> float:
+    """Exact two-bucket profile of the per-bucket Polya noise totals (one bucket gains, one loses)."""
+    if n < 1:
+        return 1.0
+    _, pmf, neglected = polya_difference(int(n), shares, p)
+    return two_bucket_delta(pmf, neglected, epsilon)
+
+
+def multi_histogram_delta(n: int, p: float, m: int, q: int, epsilon: float, shares: int) -> float:
+    """delta of the whole view at eps: two-bucket noise profile + (1 + e^eps) x 2 share distances.
+
+    Only the two changed buckets' messages differ in law; each is replaced by its ideal (uniform
+    shares given the sum) at total variation <= eta under either dataset.
+    """
+    eta = share_hiding_distance(n, m, q)
+    noise = multi_histogram_noise_delta(n, p, shares, epsilon)
+    return min(1.0, noise + (1 + math.exp(epsilon)) * 2 * eta)
+
+
+def _first_crossing(total: Callable[[float], float], delta: float) -> float:
+    """Smallest eps (to 1e-9 relative) with total(eps) <= delta scanning up from 0; inf past 50."""
+    previous, upper = 0.0, 1 / 64
+    if total(0.0) <= delta:
+        return 0.0
+    while total(upper) > delta:
+        previous, upper = upper, upper * 1.25
+        if upper > 50:
+            return math.inf
+    for _ in range(60):
+        mid = (previous + upper) / 2
+        if total(mid) <= delta:
+            upper = mid
+        else:
+            previous = mid
+        if upper - previous <= 1e-9 * upper:
+            break
+    return upper
+
+
+@functools.lru_cache(maxsize=256)
+def multi_histogram_guarantee(
+    n: int, p: float, m: int, q: int, delta: float, shares: int
+) -> AmplificationBound:
+    """Smallest eps with multi_histogram_delta <= delta at n devices."""
+    _check_delta(delta)
+    if n < 1:
+        return not_applicable(MULTI_HISTOGRAM, "no devices")
+    eta = share_hiding_distance(n, m, q)
+    if 4 * eta >= delta:
+        return not_applicable(
+            MULTI_HISTOGRAM, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
+        )
+    epsilon = _first_crossing(lambda eps: multi_histogram_delta(n, p, m, q, eps, shares), delta)
+    if math.isinf(epsilon):
+        return not_applicable(MULTI_HISTOGRAM, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
+    note = (
+        f"per bucket NB(n/{shares}, a) - NB(n/{shares}, a), P[draw > 0]={p:.6g}, n={n}: two buckets composed"
+        f" exactly, delta_noise={multi_histogram_noise_delta(n, p, shares, epsilon):.3g};"
+        f" split-and-mix m={m}, q={q}: TV <= {eta:.3g} per bucket (x 2 (1 + e^eps))"
+    )
+    return AmplificationBound(epsilon, delta, MULTI_HISTOGRAM, True, note)

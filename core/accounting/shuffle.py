@@ -30,6 +30,7 @@ class AmplificationBound:
     analysis: str
     amplified: bool
     note: str = ""
+    evaluated_n: int = 0  # the n' < n the analysis was evaluated at (its cost budget); 0: at n itself
 
 
 def _check(epsilon0: float, n: int, delta: float) -> None:

@@ -1,25 +1,53 @@
-"""HPKE envelope (RFC 9180) and aggregator key pairs."""
+"""HPKE envelope (RFC 9180), aggregator key pairs and campaign signatures (Ed25519)."""
 
 from deniable.core.crypto.envelope import (
     HPKE_OVERHEAD,
+    HYBRID_SUITE_NAME,
+    KEM_HYBRID,
+    KEM_X25519,
+    KEMS,
     SUITE_NAME,
     DecryptionError,
+    Kem,
     KeyPair,
     PublicKey,
     ciphertext_length,
     envelope_info,
+    kem_for_suite,
+    kem_named,
     open_report,
     seal_report,
+)
+from deniable.core.crypto.signing import (
+    SIGNATURE_DOMAIN,
+    CampaignSignatureError,
+    SigningKey,
+    canonical_campaign_bytes,
+    verify_campaign,
+    verify_key,
 )
 
 __all__ = [
     "HPKE_OVERHEAD",
+    "HYBRID_SUITE_NAME",
+    "KEMS",
+    "KEM_HYBRID",
+    "KEM_X25519",
+    "SIGNATURE_DOMAIN",
     "SUITE_NAME",
+    "CampaignSignatureError",
     "DecryptionError",
+    "Kem",
     "KeyPair",
     "PublicKey",
+    "SigningKey",
+    "canonical_campaign_bytes",
     "ciphertext_length",
     "envelope_info",
+    "kem_for_suite",
+    "kem_named",
     "open_report",
     "seal_report",
+    "verify_campaign",
+    "verify_key",
 ]

@@ -1,7 +1,8 @@
-"""Seal and open one report with HPKE base mode, X25519 / HKDF-SHA256 / ChaCha20-Poly1305.
+"""Seal and open one report with HPKE base mode: X25519 (default) or ML-KEM-768 + X25519 hybrid,
+both with HKDF-SHA256 / ChaCha20-Poly1305.
 
 ``info`` binds the campaign id and key id, so a ciphertext moved to another campaign or
-relabelled with another key id fails to open.
+relabelled with another key id fails to open. A key's KEM follows from its raw length.
 """
 
 from __future__ import annotations
@@ -15,25 +16,97 @@ from typing import Final
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hpke
+from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey, MLKEM768PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+KEM_X25519: Final = "x25519"
+KEM_HYBRID: Final = "x25519-mlkem768"
 SUITE_NAME: Final = "X25519-HKDF-SHA256-CHACHA20POLY1305"
+HYBRID_SUITE_NAME: Final = "MLKEM768X25519-HKDF-SHA256-CHACHA20POLY1305"
 HPKE_OVERHEAD: Final = 48  # 32-byte encapsulated key + 16-byte Poly1305 tag
-_SUITE: Final = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
 _INFO_PREFIX: Final = b"deniable/v1/report"
+_MLKEM_PUBLIC: Final = 1184
+_MLKEM_SEED: Final = 64
+
+
+@dataclass(frozen=True)
+class Kem:
+    """One supported KEM: its names, HPKE suite and sizes (raw keys as stored and published)."""
+
+    name: str
+    suite_name: str
+    suite: hpke.Suite
+    public_length: int
+    private_length: int
+    overhead: int
+
+
+KEMS: Final = {
+    KEM_X25519: Kem(
+        KEM_X25519,
+        SUITE_NAME,
+        hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305),
+        32,
+        32,
+        HPKE_OVERHEAD,
+    ),
+    KEM_HYBRID: Kem(
+        KEM_HYBRID,
+        HYBRID_SUITE_NAME,
+        hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305),
+        _MLKEM_PUBLIC + 32,  # ML-KEM-768 encapsulation key || X25519 public key
+        _MLKEM_SEED + 32,  # ML-KEM-768 seed (d || z) || X25519 private key
+        1120 + 16,  # ML-KEM ciphertext 1088 + X25519 share 32, Poly1305 tag
+    ),
+}
+
+
+def kem_named(name: str) -> Kem:
+    """The KEM called ``name`` ("" means x25519); ValueError naming the choices otherwise."""
+    try:
+        return KEMS[name or KEM_X25519]
+    except KeyError:
+        raise ValueError(f"unknown KEM {name!r}: use one of {', '.join(KEMS)}") from None
+
+
+def kem_for_suite(suite_name: str) -> Kem:
+    """The KEM of an HPKE suite name as campaigns carry it; ValueError if unsupported."""
+    for kem in KEMS.values():
+        if kem.suite_name == suite_name:
+            return kem
+    raise ValueError(f"unsupported HPKE suite {suite_name!r}")
+
+
+def _kem_of(raw: bytes, public: bool) -> Kem:
+    """The KEM whose raw public (or private) keys have this length."""
+    for kem in KEMS.values():
+        if len(raw) == (kem.public_length if public else kem.private_length):
+            return kem
+    what = "public" if public else "private"
+    raise ValueError(f"a {len(raw)}-byte {what} key fits no supported KEM")
 
 
 @functools.lru_cache(maxsize=64)
-def _public_key_object(raw: bytes) -> X25519PublicKey:
+def _public_key_object(raw: bytes) -> X25519PublicKey | hpke.MLKEM768X25519PublicKey:
     """Parsed public key, cached: parsing costs a third of a seal."""
-    return X25519PublicKey.from_public_bytes(raw)
+    if len(raw) == 32:
+        return X25519PublicKey.from_public_bytes(raw)
+    return hpke.MLKEM768X25519PublicKey(
+        MLKEM768PublicKey.from_public_bytes(raw[:_MLKEM_PUBLIC]),
+        X25519PublicKey.from_public_bytes(raw[_MLKEM_PUBLIC:]),
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def _private_key_object(raw: bytes) -> X25519PrivateKey:
+def _private_key_object(raw: bytes) -> X25519PrivateKey | hpke.MLKEM768X25519PrivateKey:
     """Parsed private key, cached: parsing costs a third of an open."""
-    return X25519PrivateKey.from_private_bytes(raw)
+    if len(raw) == 32:
+        return X25519PrivateKey.from_private_bytes(raw)
+    return hpke.MLKEM768X25519PrivateKey(
+        MLKEM768PrivateKey.from_seed_bytes(raw[:_MLKEM_SEED]),
+        X25519PrivateKey.from_private_bytes(raw[_MLKEM_SEED:]),
+    )
 
 
 class DecryptionError(Exception):
@@ -46,9 +119,9 @@ def envelope_info(campaign_id: str, key_id: int) -> bytes:
     return _INFO_PREFIX + len(campaign).to_bytes(2, "big") + campaign + key_id.to_bytes(4, "big")
 
 
-def ciphertext_length(plaintext_length: int) -> int:
-    """Exact sealed size for a plaintext of ``plaintext_length`` bytes."""
-    return plaintext_length + HPKE_OVERHEAD
+def ciphertext_length(plaintext_length: int, suite_name: str = SUITE_NAME) -> int:
+    """Exact sealed size for a plaintext of ``plaintext_length`` bytes under ``suite_name``."""
+    return plaintext_length + kem_for_suite(suite_name).overhead
 
 
 @dataclass(frozen=True)
@@ -59,12 +132,16 @@ class PublicKey:
     raw: bytes
 
     def __post_init__(self) -> None:
-        if len(self.raw) != 32:
-            raise ValueError("an X25519 public key is 32 bytes")
+        _kem_of(self.raw, public=True)
         if not 0 <= self.key_id < 2**32:
             raise ValueError("key id must fit in 32 bits")
 
-    def _key(self) -> X25519PublicKey:
+    @property
+    def kem(self) -> Kem:
+        """The KEM this key belongs to."""
+        return _kem_of(self.raw, public=True)
+
+    def _key(self) -> X25519PublicKey | hpke.MLKEM768X25519PublicKey:
         return _public_key_object(self.raw)
 
 
@@ -75,21 +152,34 @@ class KeyPair:
     key_id: int
     private_raw: bytes
 
-    @classmethod
-    def generate(cls, key_id: int) -> KeyPair:
-        """A fresh key pair from the OS random source."""
-        from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
+    def __post_init__(self) -> None:
+        _kem_of(self.private_raw, public=False)
 
-        raw = X25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    @classmethod
+    def generate(cls, key_id: int, kem: str = KEM_X25519) -> KeyPair:
+        """A fresh key pair of ``kem`` from the OS random source."""
+        raw = X25519PrivateKey.generate().private_bytes_raw()
+        if kem_named(kem).name == KEM_HYBRID:
+            raw = MLKEM768PrivateKey.generate().private_bytes_raw() + raw
         return cls(key_id=key_id, private_raw=raw)
+
+    @property
+    def kem(self) -> Kem:
+        """The KEM this key belongs to."""
+        return _kem_of(self.private_raw, public=False)
 
     @property
     def public(self) -> PublicKey:
         """The public half, for campaign descriptions."""
-        raw = self._private().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        return PublicKey(key_id=self.key_id, raw=raw)
+        raw = self.private_raw
+        x25519 = X25519PrivateKey.from_private_bytes(raw[-32:]).public_key()
+        public = x25519.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        if len(raw) > 32:
+            mlkem = MLKEM768PrivateKey.from_seed_bytes(raw[:_MLKEM_SEED]).public_key()
+            public = mlkem.public_bytes_raw() + public
+        return PublicKey(key_id=self.key_id, raw=public)
 
-    def _private(self) -> X25519PrivateKey:
+    def _private(self) -> X25519PrivateKey | hpke.MLKEM768X25519PrivateKey:
         return _private_key_object(self.private_raw)
 
     def save(self, path: Path) -> None:
@@ -110,20 +200,20 @@ class KeyPair:
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise PermissionError(f"private key {path} is accessible to others (mode {oct(mode & 0o777)})")
         raw = path.read_bytes()
-        if len(raw) != 32:
-            raise ValueError(f"private key {path} is not a 32-byte X25519 key")
+        _kem_of(raw, public=False)
         return cls(key_id=key_id, private_raw=raw)
 
 
 def seal_report(plaintext: bytes, public_key: PublicKey, campaign_id: str) -> bytes:
     """Encrypt one padded plaintext to the aggregator key named in ``public_key``."""
-    return _SUITE.encrypt(plaintext, public_key._key(), info=envelope_info(campaign_id, public_key.key_id))
+    suite = public_key.kem.suite
+    return suite.encrypt(plaintext, public_key._key(), info=envelope_info(campaign_id, public_key.key_id))
 
 
 def open_report(ciphertext: bytes, key_pair: KeyPair, campaign_id: str) -> bytes:
     """Decrypt one report; raises ``DecryptionError`` for anything that does not authenticate."""
     try:
-        return _SUITE.decrypt(
+        return key_pair.kem.suite.decrypt(
             ciphertext, key_pair._private(), info=envelope_info(campaign_id, key_pair.key_id)
         )
     except (InvalidTag, ValueError) as exc:

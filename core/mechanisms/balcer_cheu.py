@@ -1,10 +1,11 @@
 """Balcer & Cheu (ITC 2020) shuffle-model histogram: error independent of the domain size.
 
 Each device sends its bucket x and, for EVERY bucket j (its own included), one extra "noise"
-message j with probability p, where the probability of NOT sending it is
-1 - p = 50 ln(2/delta_b) / (eps_b^2 n) (p close to 1; the facts file warns this is commonly
-swapped), eps_b = epsilon0/2 and delta_b = delta/2 per bucket because changing one value moves
-two buckets. Plus one constant presence message, so the aggregator knows n. Expected messages
+message j with probability p (close to 1), plus one constant presence message, so the aggregator
+knows n. The probability of NOT sending a noise message, 1 - p, is the smallest whose exact
+two-bucket profile (``accounting.protocols.balcer_cheu_exact_delta``) meets the central target at
+expected_n; the paper's 1 - p = 50 ln(2/delta_b) / (eps_b^2 n) is about 70x larger than needed
+and its theorem is kept as a cross-check (``theorem_guarantee``). Expected messages
 per device: 1 + d p + 1, about d + 2 for large d. Analyser (the paper's): with c_j the count of
 messages j, x_j = c_j - p n if c_j > n, else 0; an empty bucket has c_j <= n always, so it is
 estimated as exactly 0. See docs/mechanisms/balcer_cheu_histogram.md for bias and variance.
@@ -22,8 +23,9 @@ from deniable.core.accounting._binomial import FloatArray, chernoff_window, pmf_
 from deniable.core.accounting.protocols import (
     GRID,
     GRID_BITS,
-    balcer_cheu_delta,
-    balcer_cheu_gamma,
+    balcer_cheu_exact_delta,
+    balcer_cheu_exact_gamma,
+    balcer_cheu_exact_guarantee,
     balcer_cheu_guarantee,
 )
 from deniable.core.accounting.shuffle import AmplificationBound
@@ -69,7 +71,7 @@ class BalcerCheuHistogram(LocalRandomiser):
 
     name = "balcer_cheu_histogram"
     proto = pb.BALCER_CHEU_HISTOGRAM
-    summary = "Balcer-Cheu 2020 histogram: own bucket + each bucket w.p. p (1-p = 50 ln(2/d)/(e^2 n))"
+    summary = "Balcer-Cheu 2020 histogram: own bucket + each bucket w.p. p (1-p from the exact profile)"
     multi_message = True
     local_privacy = False
 
@@ -81,14 +83,14 @@ class BalcerCheuHistogram(LocalRandomiser):
         delta: float = DEFAULT_DELTA,
         skip_probability: float | None = None,
     ) -> None:
-        """epsilon0: central target at expected_n; ``skip_probability`` (1 - p) skips the formula."""
+        """epsilon0: central target at expected_n; ``skip_probability`` (1 - p) skips the search."""
         super().__init__(epsilon0, domain_size)
         if domain_size > MAX_BUCKETS:
             raise ValueError(f"balcer_cheu_histogram supports at most {MAX_BUCKETS} buckets")
         self.expected_n = int_param(expected_n, "expected_n", 1, 1 << 40)
         self.delta = probability_param(delta, "delta")
         if skip_probability is None:
-            numerator = balcer_cheu_gamma(self.epsilon0, self.delta, self.expected_n)
+            numerator = balcer_cheu_exact_gamma(self.epsilon0, self.delta, self.expected_n)
         else:
             gamma = Fraction(float(skip_probability))
             if not 0 < gamma <= Fraction(1, 2):
@@ -106,12 +108,16 @@ class BalcerCheuHistogram(LocalRandomiser):
         }
 
     def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
-        """Balcer-Cheu's theorem at the real n for the fixed 1 - p (not applicable outside it)."""
+        """Smallest eps of the exact two-bucket profile at the real n for the fixed 1 - p."""
+        return balcer_cheu_exact_guarantee(self.skip, int(n), delta)
+
+    def theorem_guarantee(self, n: int, delta: float) -> AmplificationBound:
+        """Balcer-Cheu's theorem at the real n (a cross-check; not applicable outside its range)."""
         return balcer_cheu_guarantee(self.skip, n, delta)
 
     def privacy_profile(self, n: int, epsilon: float) -> float:
-        """The theorem read the other way: delta(eps) at the fixed 1 - p and the real n."""
-        return balcer_cheu_delta(self.skip, n, epsilon)
+        """Exact delta(eps) of the two changed buckets' shuffled counts at the real n."""
+        return balcer_cheu_exact_delta(self.skip, int(n), epsilon)
 
     @property
     def presence(self) -> int:
@@ -119,14 +125,14 @@ class BalcerCheuHistogram(LocalRandomiser):
         return self.domain_size
 
     @property
-    def max_messages_per_device(self) -> int:
-        """Own bucket, at most one noise message per bucket, and the presence message."""
-        return self.domain_size + 2
-
-    @property
     def expected_messages(self) -> float:
         """1 (own bucket) + d p (noise) + 1 (presence) messages per device on average."""
         return 2 + self.domain_size * float(self.send)
+
+    @property
+    def max_messages_per_device(self) -> int:
+        """Own bucket, a noise message for every bucket, presence: d + 2 at most."""
+        return self.domain_size + 2
 
     @property
     def payload_length(self) -> int:

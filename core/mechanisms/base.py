@@ -133,8 +133,7 @@ class LocalRandomiser(ABC):
 
     @property
     def max_messages_per_device(self) -> int | None:
-        """The most messages one device can send (None: unbounded); a batch target in devices
-        times this many messages is sure to hold that many devices."""
+        """Most messages one device can send (None: unbounded): n_min devices are at most this many each."""
         return self.messages_per_device
 
     def devices(self, counts: Sequence[int], messages: int) -> int:

@@ -18,11 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
-
-import numpy as np
+from typing import TYPE_CHECKING, Final
 
 from deniable.core.mechanisms.base import FloatArray, LocalRandomiser
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
 
 DEFAULT_FRACTION: Final = 0.01
 DEFAULT_RULE: Final = "m = 1% of the counted reports, at least 1 (the bound scales linearly in m)"

@@ -104,11 +104,11 @@ async def test_close_campaign_ends_the_window_now_and_is_recorded(tmp_path: Path
         created = await handlers.create_campaign(kit.binary_request("c", window_s=3600))
         assert created.window_end_unix == int(clock.now) + 3600 and not created.closed
         clock.now += 100
-        closed = await handlers.close_campaign(pb.CloseCampaignRequest(campaign_id="c"))
+        closed = await handlers.close_campaign(pb.KeyCloseCampaignRequest(campaign_id="c"))
         assert closed.closed and closed.window_end_unix == int(clock.now)
         assert await handlers.get_campaign(pb.GetCampaignRequest(campaign_id="c")) == closed
         clock.now += 100
-        again = await handlers.close_campaign(pb.CloseCampaignRequest(campaign_id="c"))
+        again = await handlers.close_campaign(pb.KeyCloseCampaignRequest(campaign_id="c"))
         assert again == closed  # idempotent: the first close time stays
         assert 'action="close_campaign"} 1.0' in handlers.metrics.exposition().decode()
     finally:

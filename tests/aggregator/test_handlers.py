@@ -66,8 +66,9 @@ async def test_multi_message_sum_n_min_counts_devices_not_messages(
     handlers: AggregatorHandlers, kit: Kit
 ) -> None:
     """The shuffler counts messages: n_min = 500 devices becomes 500 x (m + 1) messages, so a
-    released round holds 500 devices (fewer would weaken the Polya noise). Variable or single
-    message counts become the most one device sends (ADR 0014)."""
+    released round holds 500 devices (fewer would weaken the Polya noise). A variable count is
+    converted with its most messages per device (issue 15: Balcer-Cheu's d + 2, so a round of
+    n_min messages can no longer hold n_min / (d + 2) devices); single messages are left as given."""
     params = {"expected_n": 500.0, "delta": 1e-6}
     campaign = await handlers.create_campaign(
         kit.binary_request("sum", mechanism=pb.MULTI_MESSAGE_SUM, n_min=500, params=params)
@@ -82,9 +83,26 @@ async def test_multi_message_sum_n_min_counts_devices_not_messages(
             "bc", mechanism=pb.BALCER_CHEU_HISTOGRAM, epsilon0=2.0, n_min=500, params={"expected_n": 20_000.0}
         )
     )
-    # Devices send a varying number of messages: n_min counts the most one device sends (d + 2),
-    # so n_min messages always hold n_min devices (ADR 0014; ADR 0005 kept it as given).
     assert histogram.n_min == 500 * (3 + 2) and randomiser_for(histogram).messages_per_device is None
+
+
+async def test_campaigns_carry_both_guarantees_and_name_the_smallest_n(
+    handlers: AggregatorHandlers, kit: Kit
+) -> None:
+    """Local randomisers: local_guarantee and local_epsilon = epsilon0; shuffle-only: none. Too
+    few expected devices for Balcer-Cheu: one InvalidRequest naming the smallest n that works."""
+    local = await handlers.create_campaign(kit.categorical_request("grr-c"))
+    assert local.local_guarantee and local.local_epsilon == local.epsilon0
+    shuffled = await handlers.create_campaign(
+        kit.categorical_request("mmh", mechanism=pb.MULTI_MESSAGE_HISTOGRAM, params={"expected_n": 2000.0})
+    )
+    assert not shuffled.local_guarantee and shuffled.local_epsilon == 0.0
+    with pytest.raises(InvalidRequest, match="smallest n that can is 148"):
+        await handlers.create_campaign(
+            kit.categorical_request(
+                "bc-small", mechanism=pb.BALCER_CHEU_HISTOGRAM, params={"expected_n": 100.0}
+            )
+        )
 
 
 async def test_binary_campaign_may_use_grr(handlers: AggregatorHandlers, kit: Kit) -> None:

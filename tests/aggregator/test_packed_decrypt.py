@@ -7,9 +7,10 @@ import struct
 import numpy as np
 
 from deniable.aggregator.decrypt import OK, open_packed, open_reports, unpack_opened
-from deniable.core.crypto import KeyPair, seal_report
+from deniable.core.crypto import KEM_HYBRID, KeyPair, seal_report
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.core.wire.codec import HEADER_LENGTH
+from deniable.v1 import deniable_pb2 as pb
 
 CAMPAIGN = "packed-test"
 LENGTH = 96  # plaintext length of a 1..8-byte payload
@@ -82,3 +83,18 @@ def test_manifest_digest_is_batch_digest() -> None:
         [],
     ):
         assert manifest_digest(ciphertexts) == batch_digest(ciphertexts)
+
+
+def test_open_packed_opens_hybrid_kem_reports_like_open_reports() -> None:
+    """The pool's fast path with ML-KEM-768 + X25519 keys (96-byte private keys as plain bytes)."""
+    pair = KeyPair.generate(4, KEM_HYBRID)
+    cases = [seal_report(_plain(bytes([i % 4]), key_id=4), pair.public, CAMPAIGN) for i in range(6)]
+    tampered = bytearray(cases[0])
+    tampered[5] ^= 1
+    cases.append(bytes(tampered))
+    keys = {4: pair.private_raw}
+    width = LENGTH + 1136
+    expected = open_reports(CAMPAIGN, LENGTH, width, keys, [(CAMPAIGN, 4, c) for c in cases])
+    packed = open_packed(CAMPAIGN, LENGTH, width, keys, np.full(7, 4, dtype="<u4").tobytes(), b"".join(cases))
+    assert unpack_opened(packed) == expected
+    assert [reason for reason, _, _ in expected] == [OK] * 6 + [int(pb.UNDECRYPTABLE)]

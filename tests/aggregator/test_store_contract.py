@@ -105,11 +105,13 @@ async def test_duplicate_campaign_id_is_refused(store: AggregatorStore) -> None:
 async def test_update_campaign_replaces_the_description(store: AggregatorStore) -> None:
     await store.create_campaign(campaign("c1"))
     changed = campaign("c1")
+    changed.window_end_unix = 1_700_000_100
     changed.closed = True
     await store.update_campaign(changed)
     assert await store.get_campaign("c1") == changed
     with pytest.raises(UnknownCampaign):
         await store.update_campaign(campaign("missing"))
+    assert await store.get_campaign("missing") is None
 
 
 async def test_fresh_campaign_snapshot_is_empty(store: AggregatorStore) -> None:

@@ -11,7 +11,7 @@ import pytest
 from deniable.client.outbox import Outbox
 from deniable.core import mechanisms
 from deniable.core.campaigns import BINARY_LABELS, layout_for
-from deniable.core.crypto import SUITE_NAME, KeyPair
+from deniable.core.crypto import SUITE_NAME, KeyPair, SigningKey
 from deniable.v1 import deniable_pb2 as pb
 
 CampaignFactory = Callable[..., pb.Campaign]
@@ -24,8 +24,15 @@ def key_pair() -> KeyPair:
 
 
 @pytest.fixture
-def make_campaign(key_pair: KeyPair) -> CampaignFactory:
-    """Build a consistent campaign (GRR over 8 labels or binary RR); keyword overrides win."""
+def signing_key() -> SigningKey:
+    """A fresh aggregator signing key: make_campaign signs with it, apps pin its public half."""
+    return SigningKey.generate()
+
+
+@pytest.fixture
+def make_campaign(key_pair: KeyPair, signing_key: SigningKey) -> CampaignFactory:
+    """Build a consistent campaign (GRR over 8 labels or binary RR) signed by ``signing_key``;
+    keyword overrides win."""
 
     def build(
         campaign_id: str = "c1", mechanism: str = "grr", domain_size: int = 8, **overrides: Any
@@ -51,7 +58,7 @@ def make_campaign(key_pair: KeyPair) -> CampaignFactory:
             device_budget_epsilon=1.0,
         )
         fields.update(overrides)
-        return pb.Campaign(**fields)
+        return signing_key.sign_campaign(pb.Campaign(**fields))
 
     return build
 

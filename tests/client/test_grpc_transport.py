@@ -12,7 +12,7 @@ import pytest
 from deniable.client.outbox import Outbox
 from deniable.client.reporter import Reporter
 from deniable.client.transport import GrpcTransport, TransportError
-from deniable.core.crypto import KeyPair, open_report
+from deniable.core.crypto import KeyPair, SigningKey, open_report
 from deniable.core.wire import decode
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
@@ -57,14 +57,21 @@ async def shuffler() -> AsyncIterator[tuple[FlakyShuffler, str]]:
 
 
 async def test_unavailable_twice_then_accepted(
-    shuffler: tuple[FlakyShuffler, str], make_campaign: Any, outbox: Outbox, key_pair: KeyPair, sleeps: Any
+    shuffler: tuple[FlakyShuffler, str],
+    make_campaign: Any,
+    outbox: Outbox,
+    key_pair: KeyPair,
+    sleeps: Any,
+    signing_key: SigningKey,
 ) -> None:
     servicer, address = shuffler
     campaign = make_campaign()
     servicer.campaigns[campaign.id] = campaign
     transport = GrpcTransport(address, timeout_s=5.0, insecure=True)
     try:
-        reporter = await Reporter.fetch(campaign.id, transport, outbox, sleep=sleeps)
+        reporter = await Reporter.fetch(
+            campaign.id, transport, outbox, aggregator_key=signing_key.public_raw, sleep=sleeps
+        )
         for value in range(5):
             reporter.record(value)
         servicer.failures = 2

@@ -18,7 +18,7 @@ from deniable.client.outbox import Outbox
 from deniable.client.reporter import Reporter
 from deniable.client.transport import TransportError
 from deniable.core import mqtt
-from deniable.core.crypto import KeyPair, open_report
+from deniable.core.crypto import KeyPair, SigningKey, open_report
 from deniable.core.mqtt import BrokerAddress
 from deniable.core.wire import decode
 from deniable.v1 import deniable_pb2 as pb
@@ -83,10 +83,13 @@ async def test_reporter_over_mqtt_retries_until_the_shuffler_answers(
     outbox: Outbox,
     key_pair: KeyPair,
     sleeps: Any,
+    signing_key: SigningKey,
 ) -> None:
     campaign = make_campaign()
     await responder.announce(campaign)
-    reporter = await Reporter.fetch(campaign.id, transport, outbox, sleep=sleeps)
+    reporter = await Reporter.fetch(
+        campaign.id, transport, outbox, aggregator_key=signing_key.public_raw, sleep=sleeps
+    )
     for value in range(5):
         reporter.record(value)
     responder.failures = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE]

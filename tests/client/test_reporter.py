@@ -13,10 +13,16 @@ import pytest
 
 from deniable.client.budget import BudgetExceeded, BudgetLedger
 from deniable.client.outbox import Outbox
-from deniable.client.reporter import CampaignClosed, CampaignInvalid, Reporter
+from deniable.client.reporter import (
+    CampaignClosed,
+    CampaignInvalid,
+    CampaignPolicyError,
+    DevicePolicy,
+    Reporter,
+)
 from deniable.client.transport import InMemoryTransport, TransportError
 from deniable.core.campaigns import randomiser_for
-from deniable.core.crypto import KeyPair, open_report
+from deniable.core.crypto import CampaignSignatureError, KeyPair, SigningKey, open_report
 from deniable.core.wire import decode
 from deniable.v1 import deniable_pb2 as pb
 
@@ -58,21 +64,23 @@ async def test_binary_campaign(make_campaign: Any, outbox: Outbox, key_pair: Key
     assert all(p in (b"\x00", b"\x01") for p in payloads)
 
 
-async def test_fetch_builds_reporter_from_shuffler(make_campaign: Any, outbox: Outbox) -> None:
+async def test_fetch_builds_reporter_from_shuffler(
+    make_campaign: Any, outbox: Outbox, signing_key: SigningKey
+) -> None:
     campaign = make_campaign()
     transport = InMemoryTransport([campaign])
-    reporter = await Reporter.fetch(campaign.id, transport, outbox)
+    reporter = await Reporter.fetch(campaign.id, transport, outbox, aggregator_key=signing_key.public_raw)
     assert reporter.campaign == campaign
     with pytest.raises(TransportError) as info:
-        await Reporter.fetch("missing", transport, outbox)
+        await Reporter.fetch("missing", transport, outbox, aggregator_key=signing_key.public_raw)
     assert not info.value.retryable
 
 
 async def test_fetch_rejects_tampered_campaign(make_campaign: Any, outbox: Outbox) -> None:
     campaign = make_campaign()
     campaign.ciphertext_length += 16
-    with pytest.raises(CampaignInvalid, match="lengths"):
-        await Reporter.fetch(campaign.id, InMemoryTransport([campaign]), outbox)
+    with pytest.raises(CampaignInvalid, match="lengths"):  # checked even when verification is skipped
+        await Reporter.fetch(campaign.id, InMemoryTransport([campaign]), outbox, insecure_skip_verify=True)
 
 
 @pytest.mark.parametrize(
@@ -315,3 +323,18 @@ async def test_estimate_recovers_the_truth(make_campaign: Any, outbox: Outbox, k
     for value, estimate in enumerate(estimates):
         truth = n if value == 3 else 0
         assert math.isclose(estimate.estimate, truth, abs_tol=5 * estimate.std_error)
+
+
+async def test_fetch_refuses_a_malformed_pinned_key_and_policy_errors_are_distinct(
+    make_campaign: Any, outbox: Outbox, signing_key: SigningKey
+) -> None:
+    """A pinned key that is not 32 bytes (or not hex) is the app's bug: a signature error saying so.
+    A genuine but weaker campaign is a CampaignPolicyError, never a CampaignSignatureError."""
+    transport = InMemoryTransport([make_campaign()])
+    for bad in (signing_key.public_raw[:31], "zz" * 32):
+        with pytest.raises(CampaignSignatureError, match="pinned aggregator key is unusable"):
+            await Reporter.fetch("c1", transport, outbox, aggregator_key=bad)
+    strict = DevicePolicy(max_device_budget=0.5)
+    with pytest.raises(CampaignPolicyError, match="budget") as refused:
+        await Reporter.fetch("c1", transport, outbox, aggregator_key=signing_key.public_raw, policy=strict)
+    assert not isinstance(refused.value, CampaignSignatureError)

@@ -62,7 +62,9 @@ async def test_fetch_retries_unavailable_with_jittered_backoff(
     each within the full-jitter cap base * 2**attempt (0.05, 0.1, 0.2)."""
     transport = FlakyCampaigns([make_campaign()], failures=3)
     fake = FakeTime()
-    reporter = await Reporter.fetch("c1", transport, outbox, clock=fake.clock, sleep=fake.sleep)
+    reporter = await Reporter.fetch(
+        "c1", transport, outbox, clock=fake.clock, sleep=fake.sleep, insecure_skip_verify=True
+    )
     assert reporter.campaign.id == "c1"
     assert transport.get_calls == 4
     assert len(fake.delays) == 3
@@ -79,7 +81,14 @@ async def test_fetch_gives_up_with_a_clear_error_after_the_configured_time(
     fake = FakeTime()
     with pytest.raises(CampaignUnavailable, match=r"campaign 'c1' unavailable after 2 s and \d+ attempts"):
         await Reporter.fetch(
-            "c1", transport, outbox, clock=fake.clock, sleep=fake.sleep, give_up_after_s=2.0, max_delay_s=0.5
+            "c1",
+            transport,
+            outbox,
+            clock=fake.clock,
+            sleep=fake.sleep,
+            give_up_after_s=2.0,
+            max_delay_s=0.5,
+            insecure_skip_verify=True,
         )
     assert fake.now == pytest.approx(1_002.0)
     assert transport.get_calls == len(fake.delays) + 1 > 4
@@ -90,7 +99,9 @@ async def test_fetch_does_not_retry_a_permanent_error(make_campaign: CampaignFac
     transport = FlakyCampaigns([make_campaign()], failures=1, retryable=False)
     fake = FakeTime()
     with pytest.raises(TransportError) as raised:
-        await Reporter.fetch("c1", transport, outbox, clock=fake.clock, sleep=fake.sleep)
+        await Reporter.fetch(
+            "c1", transport, outbox, clock=fake.clock, sleep=fake.sleep, insecure_skip_verify=True
+        )
     assert not isinstance(raised.value, CampaignUnavailable)
     assert transport.get_calls == 1 and fake.delays == []
 
@@ -99,7 +110,9 @@ def test_sync_reporter_records_and_sends_with_retries(make_campaign: CampaignFac
     """Without any event loop: fetch (after a retried failure), record, send (after two retried
     submit failures): the report reaches the shuffler once and leaves the outbox."""
     transport = FlakyCampaigns([make_campaign()], failures=1)
-    with SyncReporter.fetch("c1", transport, outbox, give_up_after_s=30) as reporter:
+    with SyncReporter.fetch(
+        "c1", transport, outbox, give_up_after_s=30, insecure_skip_verify=True
+    ) as reporter:
         reporter.record(3)
         assert outbox.count("c1") == 1
         transport.fail_next(2)
@@ -114,7 +127,7 @@ def test_sync_reporter_keeps_reports_queued_when_the_shuffler_stays_down(
 ) -> None:
     """Same give-up rule as send_pending: after max_attempts failures the report stays queued."""
     transport = InMemoryTransport([make_campaign()])
-    with SyncReporter.fetch("c1", transport, outbox) as reporter:
+    with SyncReporter.fetch("c1", transport, outbox, insecure_skip_verify=True) as reporter:
         reporter.record(1)
         transport.fail_next(100)
         result = reporter.send_pending(max_attempts=3, base_delay_s=0.001)
@@ -127,7 +140,9 @@ def test_sync_reporter_uses_the_budget_ledger(make_campaign: CampaignFactory, tm
     outbox = Outbox(tmp_path / "outbox.db")
     ledger = BudgetLedger(tmp_path / "budget.db")
     try:
-        with SyncReporter.fetch("c1", InMemoryTransport([make_campaign()]), outbox, ledger) as reporter:
+        with SyncReporter.fetch(
+            "c1", InMemoryTransport([make_campaign()]), outbox, ledger, insecure_skip_verify=True
+        ) as reporter:
             reporter.record(0)
             with pytest.raises(BudgetExceeded):
                 reporter.record(1)
@@ -142,12 +157,14 @@ async def test_sync_reporter_refuses_a_running_event_loop(
 ) -> None:
     """Inside a loop the blocking facade would deadlock: it says to use Reporter instead."""
     with pytest.raises(RuntimeError, match="use Reporter there"):
-        SyncReporter.fetch("c1", InMemoryTransport([make_campaign()]), outbox)
+        SyncReporter.fetch("c1", InMemoryTransport([make_campaign()]), outbox, insecure_skip_verify=True)
     await asyncio.sleep(0)
 
 
 def test_closed_sync_reporter_refuses_calls(make_campaign: CampaignFactory, outbox: Outbox) -> None:
-    reporter = SyncReporter.fetch("c1", InMemoryTransport([make_campaign()]), outbox)
+    reporter = SyncReporter.fetch(
+        "c1", InMemoryTransport([make_campaign()]), outbox, insecure_skip_verify=True
+    )
     reporter.close()
     reporter.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):

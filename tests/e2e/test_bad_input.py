@@ -87,7 +87,9 @@ async def test_bad_reports_are_rejected_with_reasons_and_change_no_count(
     campaign = stack.campaign
     transport = GrpcTransport(stack.shuffler.address, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
-    reporter = await Reporter.fetch(campaign.id, transport, outbox)
+    reporter = await Reporter.fetch(
+        campaign.id, transport, outbox, aggregator_key=stack.aggregator.handlers.keyring.signing.public_raw
+    )
     reporter.record_many([0, 1, 2] * (HONEST // 3))
     sent = await reporter.send_pending()
     assert sent.acknowledged == HONEST

@@ -53,14 +53,16 @@ async def test_split_and_mix_sum_in_many_batches_counts_every_device(tmp_path: P
             params={"expected_n": float(TARGET)},
         )
         campaign = await operator.CreateCampaign(request, timeout=60)
-        reporter = await Reporter.fetch("sum", transport, outbox)
+        reporter = await Reporter.fetch(
+            "sum", transport, outbox, insecure_skip_verify=True
+        )  # about batches, not signatures
         answers = []
         for first in range(0, DEVICES, 20):  # devices arrive 20 at a time; a query after each wave
             reporter.record_many([i % 2 for i in range(first, first + 20)])
             sent = await reporter.send_pending(batch_size=7)
             assert sent.pending == 0 and sent.rejected == 0, sent
             answers.append(await operator.BinarySum(pb.QueryRequest(campaign_id="sum"), timeout=30))
-        await operator.CloseCampaign(pb.CloseCampaignRequest(campaign_id="sum"), timeout=30)
+        await operator.CloseCampaign(pb.KeyCloseCampaignRequest(campaign_id="sum"), timeout=30)
         flushed = await shuffler.flush("sum")
         messages = reporter.randomiser.messages_per_device
         assert messages is not None and campaign.batch_target == TARGET * messages

@@ -33,14 +33,16 @@ class _Block(importlib.abc.MetaPathFinder):
 
 def main() -> None:
     """Send one report and say what was acknowledged and which server packages got imported."""
-    address, campaign_id, outbox_path, value, ca = sys.argv[1:6]
-    if "--block" in sys.argv[6:]:
+    address, campaign_id, outbox_path, value, ca, signing_key = sys.argv[1:7]
+    if "--block" in sys.argv[7:]:
         sys.meta_path.insert(0, _Block())
     from deniable.client import ClientTls, GrpcTransport, Outbox, SyncReporter
 
     outbox = Outbox(outbox_path)
     transport = GrpcTransport(address, tls=ClientTls(ca=Path(ca)))
-    with SyncReporter.fetch(campaign_id, transport, outbox, give_up_after_s=30) as reporter:
+    with SyncReporter.fetch(
+        campaign_id, transport, outbox, aggregator_key=signing_key, give_up_after_s=30
+    ) as reporter:
         reporter.record(int(value))
         result = reporter.send_pending()
     outbox.close()

@@ -33,6 +33,7 @@ async def _send(python: str, services: Services, tmp_path: Path, *extra: str) ->
         str(tmp_path / "outbox.db"),
         "1",
         str(services.certs / "ca.pem"),
+        services.signing_key,
         *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

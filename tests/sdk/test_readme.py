@@ -1,7 +1,8 @@
 """The README's device SDK snippets run as written against a real shuffler and aggregator.
 
 Every ```python block of the "Device SDK" section runs in its own directory and interpreter;
-the only change is the shuffler address (the test's free port instead of 127.0.0.1:7701).
+the only changes are the shuffler address (the test's free port instead of 127.0.0.1:7701) and
+the pinned signing key (the test aggregator's instead of the placeholder).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tests.sdk_services import binary_campaign, counted, running_services
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 WRITTEN_ADDRESS = "127.0.0.1:7701"
+WRITTEN_KEY = '"…"'
 
 
 def sdk_snippets() -> list[str]:
@@ -29,7 +31,7 @@ def test_the_section_has_a_sync_and_an_async_snippet() -> None:
     snippets = sdk_snippets()
     assert len(snippets) >= 2
     assert any("SyncReporter" in s for s in snippets) and any("asyncio.run" in s for s in snippets)
-    assert all(WRITTEN_ADDRESS in s for s in snippets)
+    assert all(WRITTEN_ADDRESS in s and WRITTEN_KEY in s for s in snippets)
 
 
 async def test_readme_snippets_run_and_their_reports_are_counted(tmp_path: Path) -> None:
@@ -41,6 +43,7 @@ async def test_readme_snippets_run_and_their_reports_are_counted(tmp_path: Path)
             workdir.mkdir()
             (workdir / "certs").symlink_to(services.certs)
             code = snippet.replace(WRITTEN_ADDRESS, services.shuffler_address)
+            code = code.replace(WRITTEN_KEY, repr(services.signing_key))
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-c",

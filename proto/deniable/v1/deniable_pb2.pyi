@@ -54,6 +54,8 @@ class _MechanismEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enum
     """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
     MULTI_MESSAGE_SUM_BINOMIAL: _Mechanism.ValueType  # 12
     """multi-message summation, Bernoulli shares (finite exact law)"""
+    MULTI_MESSAGE_HISTOGRAM: _Mechanism.ValueType  # 13
+    """shufonly: one split-and-mix Polya sum per bucket, shared presence"""
 
 class Mechanism(_Mechanism, metaclass=_MechanismEnumTypeWrapper):
     """Local randomiser of a campaign. Values are stable: new mechanisms append."""
@@ -83,6 +85,8 @@ SAMPLE_AND_THRESHOLD: Mechanism.ValueType  # 11
 """Bharadwaj & Cormode 2022 (params: sample_rate, threshold)"""
 MULTI_MESSAGE_SUM_BINOMIAL: Mechanism.ValueType  # 12
 """multi-message summation, Bernoulli shares (finite exact law)"""
+MULTI_MESSAGE_HISTOGRAM: Mechanism.ValueType  # 13
+"""shufonly: one split-and-mix Polya sum per bucket, shared presence"""
 Global___Mechanism: typing_extensions.TypeAlias = Mechanism
 
 class _DomainKind:
@@ -183,6 +187,9 @@ class Campaign(google.protobuf.message.Message):
     EXPECTED_N_FIELD_NUMBER: builtins.int
     PARAMS_FIELD_NUMBER: builtins.int
     QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
+    SIGNATURE_FIELD_NUMBER: builtins.int
+    LOCAL_GUARANTEE_FIELD_NUMBER: builtins.int
+    LOCAL_EPSILON_FIELD_NUMBER: builtins.int
     BATCH_TARGET_FIELD_NUMBER: builtins.int
     CLOSED_FIELD_NUMBER: builtins.int
     KEEP_REQUESTS_WHOLE_FIELD_NUMBER: builtins.int
@@ -228,9 +235,21 @@ class Campaign(google.protobuf.message.Message):
     """--- tls ---
     reports one source address (or device credential) may spool
     """
-    batch_target: builtins.int
+    signature: builtins.bytes
     """per window at a shuffler; 0: the shuffler's default
-    --- batch ---
+    Ed25519 signature by the aggregator's signing key over every other field (docs/security.md,
+    "Campaign signatures"): devices refuse a description whose signature does not verify.
+    """
+    local_guarantee: builtins.bool
+    """--- shufonly ---
+    epsilon0 holds on the device; false: shuffle-only protocol whose
+    """
+    local_epsilon: builtins.float
+    """epsilon0 is the central target and a device keeps no local DP
+    the local guarantee's epsilon (epsilon0), 0 when there is none
+    """
+    batch_target: builtins.int
+    """--- batch ---
     messages the shuffler collects before it releases a batch: the
     """
     closed: builtins.bool
@@ -274,12 +293,15 @@ class Campaign(google.protobuf.message.Message):
         expected_n: builtins.int = ...,
         params: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
         quota_per_source: builtins.int = ...,
+        signature: builtins.bytes = ...,
+        local_guarantee: builtins.bool = ...,
+        local_epsilon: builtins.float = ...,
         batch_target: builtins.int = ...,
         closed: builtins.bool = ...,
         keep_requests_whole: builtins.bool = ...,
         below_n_min_until_unix: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "below_n_min_until_unix", b"below_n_min_until_unix", "ciphertext_length", b"ciphertext_length", "closed", b"closed", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "keep_requests_whole", b"keep_requests_whole", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "below_n_min_until_unix", b"below_n_min_until_unix", "ciphertext_length", b"ciphertext_length", "closed", b"closed", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "keep_requests_whole", b"keep_requests_whole", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___Campaign: typing_extensions.TypeAlias = Campaign
 
@@ -640,6 +662,7 @@ class CreateCampaignRequest(google.protobuf.message.Message):
     TARGET_EPSILON_FIELD_NUMBER: builtins.int
     EXPECTED_N_FIELD_NUMBER: builtins.int
     QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
+    KEM_FIELD_NUMBER: builtins.int
     BATCH_TARGET_FIELD_NUMBER: builtins.int
     WINDOW_S_FIELD_NUMBER: builtins.int
     id: builtins.str
@@ -664,6 +687,8 @@ class CreateCampaignRequest(google.protobuf.message.Message):
     """--- tls ---
     per-source quota at shufflers; 0: each shuffler's default
     """
+    kem: builtins.str
+    """"x25519" (default) or "x25519-mlkem768" (post-quantum hybrid)"""
     batch_target: builtins.int
     """--- batch ---
     devices per released batch (default: expected_n if planned, else n_min)
@@ -696,10 +721,11 @@ class CreateCampaignRequest(google.protobuf.message.Message):
         target_epsilon: builtins.float = ...,
         expected_n: builtins.int = ...,
         quota_per_source: builtins.int = ...,
+        kem: builtins.str = ...,
         batch_target: builtins.int = ...,
         window_s: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_s", b"window_s", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kem", b"kem", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_s", b"window_s", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___CreateCampaignRequest: typing_extensions.TypeAlias = CreateCampaignRequest
 
@@ -816,6 +842,8 @@ class PrivacyStatement(google.protobuf.message.Message):
     SMALLEST_BATCH_FIELD_NUMBER: builtins.int
     NOTE_FIELD_NUMBER: builtins.int
     LOCAL_GUARANTEE_FIELD_NUMBER: builtins.int
+    EVALUATED_N_FIELD_NUMBER: builtins.int
+    LOCAL_EPSILON_FIELD_NUMBER: builtins.int
     BATCH_TARGET_FIELD_NUMBER: builtins.int
     BATCHES_FIELD_NUMBER: builtins.int
     BELOW_N_MIN_AUTHORISED_FIELD_NUMBER: builtins.int
@@ -833,6 +861,14 @@ class PrivacyStatement(google.protobuf.message.Message):
     note: builtins.str
     local_guarantee: builtins.bool
     """epsilon0 holds locally (false for shuffle-only protocols)"""
+    evaluated_n: builtins.int
+    """--- acct ---
+    the analysis ran at n' = this < smallest_batch (cost budget); 0: at the batch size
+    """
+    local_epsilon: builtins.float
+    """--- shufonly ---
+    local epsilon of every report; 0 when there is no local guarantee
+    """
     batch_target: builtins.int
     """--- batch ---
     devices the campaign's guarantee was planned for (0: not set)
@@ -854,12 +890,14 @@ class PrivacyStatement(google.protobuf.message.Message):
         smallest_batch: builtins.int = ...,
         note: builtins.str = ...,
         local_guarantee: builtins.bool = ...,
+        evaluated_n: builtins.int = ...,
+        local_epsilon: builtins.float = ...,
         batch_target: builtins.int = ...,
         batches: builtins.int = ...,
         below_n_min_authorised: builtins.bool = ...,
         epsilon_unavailable: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "batch_target", b"batch_target", "batches", b"batches", "below_n_min_authorised", b"below_n_min_authorised", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "epsilon_unavailable", b"epsilon_unavailable", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "batch_target", b"batch_target", "batches", b"batches", "below_n_min_authorised", b"below_n_min_authorised", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "epsilon_unavailable", b"epsilon_unavailable", "evaluated_n", b"evaluated_n", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
 
 Global___PrivacyStatement: typing_extensions.TypeAlias = PrivacyStatement
 
@@ -929,11 +967,22 @@ class KeyInfo(google.protobuf.message.Message):
     HPKE_SUITE_FIELD_NUMBER: builtins.int
     ACTIVE_FIELD_NUMBER: builtins.int
     CREATED_UNIX_FIELD_NUMBER: builtins.int
+    STATE_FIELD_NUMBER: builtins.int
+    KEM_FIELD_NUMBER: builtins.int
+    CAMPAIGNS_FIELD_NUMBER: builtins.int
     key_id: builtins.int
     public_key: builtins.bytes
     hpke_suite: builtins.str
     active: builtins.bool
     created_unix: builtins.int
+    state: builtins.str
+    """"active", "retired" (kept for campaigns sealed to it), "destroyed" """
+    kem: builtins.str
+    """"x25519" or "x25519-mlkem768" """
+    @property
+    def campaigns(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """campaigns sealed to this key"""
+
     def __init__(
         self,
         *,
@@ -942,8 +991,11 @@ class KeyInfo(google.protobuf.message.Message):
         hpke_suite: builtins.str = ...,
         active: builtins.bool = ...,
         created_unix: builtins.int = ...,
+        state: builtins.str = ...,
+        kem: builtins.str = ...,
+        campaigns: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["active", b"active", "created_unix", b"created_unix", "hpke_suite", b"hpke_suite", "key_id", b"key_id", "public_key", b"public_key"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["active", b"active", "campaigns", b"campaigns", "created_unix", b"created_unix", "hpke_suite", b"hpke_suite", "kem", b"kem", "key_id", b"key_id", "public_key", b"public_key", "state", b"state"]) -> None: ...
 
 Global___KeyInfo: typing_extensions.TypeAlias = KeyInfo
 
@@ -962,14 +1014,18 @@ class ListKeysResponse(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     KEYS_FIELD_NUMBER: builtins.int
+    SIGNING_PUBLIC_KEY_FIELD_NUMBER: builtins.int
+    signing_public_key: builtins.bytes
+    """raw Ed25519 key that signs campaign descriptions (apps pin it)"""
     @property
     def keys(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___KeyInfo]: ...
     def __init__(
         self,
         *,
         keys: collections.abc.Iterable[Global___KeyInfo] | None = ...,
+        signing_public_key: builtins.bytes = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["keys", b"keys"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["keys", b"keys", "signing_public_key", b"signing_public_key"]) -> None: ...
 
 Global___ListKeysResponse: typing_extensions.TypeAlias = ListKeysResponse
 
@@ -1000,23 +1056,6 @@ class WindowHeld(google.protobuf.message.Message):
 Global___WindowHeld: typing_extensions.TypeAlias = WindowHeld
 
 @typing.final
-class CloseCampaignRequest(google.protobuf.message.Message):
-    """Close a campaign's window now: the shuffler releases what it holds (at least n_min) and refuses more."""
-
-    DESCRIPTOR: google.protobuf.descriptor.Descriptor
-
-    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
-    campaign_id: builtins.str
-    def __init__(
-        self,
-        *,
-        campaign_id: builtins.str = ...,
-    ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id"]) -> None: ...
-
-Global___CloseCampaignRequest: typing_extensions.TypeAlias = CloseCampaignRequest
-
-@typing.final
 class ReleaseBelowNMinRequest(google.protobuf.message.Message):
     """Authorise the shuffler to forward batches below n_min for a while (recorded; stated in answers)."""
 
@@ -1036,6 +1075,61 @@ class ReleaseBelowNMinRequest(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "valid_s", b"valid_s"]) -> None: ...
 
 Global___ReleaseBelowNMinRequest: typing_extensions.TypeAlias = ReleaseBelowNMinRequest
+
+@typing.final
+class KeyRotateRequest(google.protobuf.message.Message):
+    """--- sign ---
+
+    A new active HPKE key for one KEM: campaigns created from now on use it; old keys are retired.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    KEM_FIELD_NUMBER: builtins.int
+    kem: builtins.str
+    """"x25519" (default) or "x25519-mlkem768" """
+    def __init__(
+        self,
+        *,
+        kem: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["kem", b"kem"]) -> None: ...
+
+Global___KeyRotateRequest: typing_extensions.TypeAlias = KeyRotateRequest
+
+@typing.final
+class KeyDestroyRequest(google.protobuf.message.Message):
+    """Overwrite and remove a retired key's private file. Refused while any campaign sealed to it is open."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: builtins.int
+    key_id: builtins.int
+    def __init__(
+        self,
+        *,
+        key_id: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["key_id", b"key_id"]) -> None: ...
+
+Global___KeyDestroyRequest: typing_extensions.TypeAlias = KeyDestroyRequest
+
+@typing.final
+class KeyCloseCampaignRequest(google.protobuf.message.Message):
+    """End a campaign's window now (the description is re-signed); its reports can then be drained."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    def __init__(
+        self,
+        *,
+        campaign_id: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id"]) -> None: ...
+
+Global___KeyCloseCampaignRequest: typing_extensions.TypeAlias = KeyCloseCampaignRequest
 
 @typing.final
 class ManipulationBudget(google.protobuf.message.Message):

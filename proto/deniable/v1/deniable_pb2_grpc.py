@@ -321,9 +321,19 @@ class AggregatorStub(object):
                 request_serializer=deniable_dot_v1_dot_deniable__pb2.ListKeysRequest.SerializeToString,
                 response_deserializer=deniable_dot_v1_dot_deniable__pb2.ListKeysResponse.FromString,
                 _registered_method=True)
+        self.RotateKey = channel.unary_unary(
+                '/deniable.v1.Aggregator/RotateKey',
+                request_serializer=deniable_dot_v1_dot_deniable__pb2.KeyRotateRequest.SerializeToString,
+                response_deserializer=deniable_dot_v1_dot_deniable__pb2.KeyInfo.FromString,
+                _registered_method=True)
+        self.DestroyKey = channel.unary_unary(
+                '/deniable.v1.Aggregator/DestroyKey',
+                request_serializer=deniable_dot_v1_dot_deniable__pb2.KeyDestroyRequest.SerializeToString,
+                response_deserializer=deniable_dot_v1_dot_deniable__pb2.KeyInfo.FromString,
+                _registered_method=True)
         self.CloseCampaign = channel.unary_unary(
                 '/deniable.v1.Aggregator/CloseCampaign',
-                request_serializer=deniable_dot_v1_dot_deniable__pb2.CloseCampaignRequest.SerializeToString,
+                request_serializer=deniable_dot_v1_dot_deniable__pb2.KeyCloseCampaignRequest.SerializeToString,
                 response_deserializer=deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
                 _registered_method=True)
         self.ReleaseBelowNMin = channel.unary_unary(
@@ -379,15 +389,29 @@ class AggregatorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RotateKey(self, request, context):
+        """--- sign ---
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DestroyKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseCampaign(self, request, context):
-        """--- batch --- (operator only)
+        """also sets Campaign.closed (batch)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseBelowNMin(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """--- batch --- (operator only)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -430,9 +454,19 @@ def add_AggregatorServicer_to_server(servicer, server):
                     request_deserializer=deniable_dot_v1_dot_deniable__pb2.ListKeysRequest.FromString,
                     response_serializer=deniable_dot_v1_dot_deniable__pb2.ListKeysResponse.SerializeToString,
             ),
+            'RotateKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateKey,
+                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.KeyRotateRequest.FromString,
+                    response_serializer=deniable_dot_v1_dot_deniable__pb2.KeyInfo.SerializeToString,
+            ),
+            'DestroyKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.DestroyKey,
+                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.KeyDestroyRequest.FromString,
+                    response_serializer=deniable_dot_v1_dot_deniable__pb2.KeyInfo.SerializeToString,
+            ),
             'CloseCampaign': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseCampaign,
-                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.CloseCampaignRequest.FromString,
+                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.KeyCloseCampaignRequest.FromString,
                     response_serializer=deniable_dot_v1_dot_deniable__pb2.Campaign.SerializeToString,
             ),
             'ReleaseBelowNMin': grpc.unary_unary_rpc_method_handler(
@@ -641,6 +675,60 @@ class Aggregator(object):
             _registered_method=True)
 
     @staticmethod
+    def RotateKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deniable.v1.Aggregator/RotateKey',
+            deniable_dot_v1_dot_deniable__pb2.KeyRotateRequest.SerializeToString,
+            deniable_dot_v1_dot_deniable__pb2.KeyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DestroyKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deniable.v1.Aggregator/DestroyKey',
+            deniable_dot_v1_dot_deniable__pb2.KeyDestroyRequest.SerializeToString,
+            deniable_dot_v1_dot_deniable__pb2.KeyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def CloseCampaign(request,
             target,
             options=(),
@@ -655,7 +743,7 @@ class Aggregator(object):
             request,
             target,
             '/deniable.v1.Aggregator/CloseCampaign',
-            deniable_dot_v1_dot_deniable__pb2.CloseCampaignRequest.SerializeToString,
+            deniable_dot_v1_dot_deniable__pb2.KeyCloseCampaignRequest.SerializeToString,
             deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
             options,
             channel_credentials,

@@ -345,18 +345,50 @@ _AggregatorListKeysType = typing_extensions.TypeVar(
     ],
 )
 
+_AggregatorRotateKeyType = typing_extensions.TypeVar(
+    '_AggregatorRotateKeyType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyRotateRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyRotateRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyRotateRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+)
+
+_AggregatorDestroyKeyType = typing_extensions.TypeVar(
+    '_AggregatorDestroyKeyType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyDestroyRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyDestroyRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyDestroyRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+)
+
 _AggregatorCloseCampaignType = typing_extensions.TypeVar(
     '_AggregatorCloseCampaignType',
     grpc.UnaryUnaryMultiCallable[
-        deniable.v1.deniable_pb2.CloseCampaignRequest,
+        deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
         deniable.v1.deniable_pb2.Campaign,
     ],
     grpc.aio.UnaryUnaryMultiCallable[
-        deniable.v1.deniable_pb2.CloseCampaignRequest,
+        deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
         deniable.v1.deniable_pb2.Campaign,
     ],
     default=grpc.UnaryUnaryMultiCallable[
-        deniable.v1.deniable_pb2.CloseCampaignRequest,
+        deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
         deniable.v1.deniable_pb2.Campaign,
     ],
 )
@@ -377,7 +409,7 @@ _AggregatorReleaseBelowNMinType = typing_extensions.TypeVar(
     ],
 )
 
-class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorCloseCampaignType, _AggregatorReleaseBelowNMinType]):
+class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorRotateKeyType, _AggregatorDestroyKeyType, _AggregatorCloseCampaignType, _AggregatorReleaseBelowNMinType]):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
 
     @typing.overload
@@ -411,7 +443,15 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
             deniable.v1.deniable_pb2.ListKeysResponse,
         ],
         grpc.UnaryUnaryMultiCallable[
-            deniable.v1.deniable_pb2.CloseCampaignRequest,
+            deniable.v1.deniable_pb2.KeyRotateRequest,
+            deniable.v1.deniable_pb2.KeyInfo,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyDestroyRequest,
+            deniable.v1.deniable_pb2.KeyInfo,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
             deniable.v1.deniable_pb2.Campaign,
         ],
         grpc.UnaryUnaryMultiCallable[
@@ -451,7 +491,15 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
             deniable.v1.deniable_pb2.ListKeysResponse,
         ],
         grpc.aio.UnaryUnaryMultiCallable[
-            deniable.v1.deniable_pb2.CloseCampaignRequest,
+            deniable.v1.deniable_pb2.KeyRotateRequest,
+            deniable.v1.deniable_pb2.KeyInfo,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyDestroyRequest,
+            deniable.v1.deniable_pb2.KeyInfo,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
             deniable.v1.deniable_pb2.Campaign,
         ],
         grpc.aio.UnaryUnaryMultiCallable[
@@ -474,10 +522,16 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
 
     ListKeys: _AggregatorListKeysType
 
+    RotateKey: _AggregatorRotateKeyType
+    """--- sign ---"""
+
+    DestroyKey: _AggregatorDestroyKeyType
+
     CloseCampaign: _AggregatorCloseCampaignType
-    """--- batch --- (operator only)"""
+    """also sets Campaign.closed (batch)"""
 
     ReleaseBelowNMin: _AggregatorReleaseBelowNMinType
+    """--- batch --- (operator only)"""
 
 AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
     grpc.aio.UnaryUnaryMultiCallable[
@@ -509,7 +563,15 @@ AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
         deniable.v1.deniable_pb2.ListKeysResponse,
     ],
     grpc.aio.UnaryUnaryMultiCallable[
-        deniable.v1.deniable_pb2.CloseCampaignRequest,
+        deniable.v1.deniable_pb2.KeyRotateRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyDestroyRequest,
+        deniable.v1.deniable_pb2.KeyInfo,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
         deniable.v1.deniable_pb2.Campaign,
     ],
     grpc.aio.UnaryUnaryMultiCallable[
@@ -571,18 +633,34 @@ class AggregatorServicer(metaclass=abc.ABCMeta):
     ) -> typing.Union[deniable.v1.deniable_pb2.ListKeysResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.ListKeysResponse]]: ...
 
     @abc.abstractmethod
+    def RotateKey(
+        self,
+        request: deniable.v1.deniable_pb2.KeyRotateRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.KeyInfo, collections.abc.Awaitable[deniable.v1.deniable_pb2.KeyInfo]]:
+        """--- sign ---"""
+
+    @abc.abstractmethod
+    def DestroyKey(
+        self,
+        request: deniable.v1.deniable_pb2.KeyDestroyRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.KeyInfo, collections.abc.Awaitable[deniable.v1.deniable_pb2.KeyInfo]]: ...
+
+    @abc.abstractmethod
     def CloseCampaign(
         self,
-        request: deniable.v1.deniable_pb2.CloseCampaignRequest,
+        request: deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
         context: _ServicerContext,
     ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]:
-        """--- batch --- (operator only)"""
+        """also sets Campaign.closed (batch)"""
 
     @abc.abstractmethod
     def ReleaseBelowNMin(
         self,
         request: deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
         context: _ServicerContext,
-    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]:
+        """--- batch --- (operator only)"""
 
 def add_AggregatorServicer_to_server(servicer: AggregatorServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

@@ -335,7 +335,8 @@ def test_sample_and_threshold_joins_the_full_plan() -> None:
     chosen = plan(1.0, 1e-6, 100_000, 200)
     rows = {c.mechanism: c for c in chosen.candidates}
     assert rows[ST].feasible and rows[ST].central_epsilon <= 1.0 and rows[ST].params["threshold"] > 0
-    assert rows[ST].expected_std_error < rows["balcer_cheu_histogram"].expected_std_error
+    # Since issue 15 Balcer-Cheu's noise comes from its exact profile and beats sample-and-threshold.
+    assert rows["balcer_cheu_histogram"].expected_std_error < rows[ST].expected_std_error
     assert chosen.expected_std_error <= rows[ST].expected_std_error
 
 

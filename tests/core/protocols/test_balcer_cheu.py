@@ -20,7 +20,8 @@ import pytest
 from scipy import stats
 
 from deniable.core import mechanisms
-from deniable.core.accounting.protocols import GRID, balcer_cheu_guarantee
+from deniable.core.accounting.planner import expected_std_error
+from deniable.core.accounting.protocols import balcer_cheu_exact_guarantee, balcer_cheu_guarantee
 from deniable.core.mechanisms.balcer_cheu import BalcerCheuHistogram
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.v1 import deniable_pb2 as pb
@@ -37,14 +38,33 @@ def build(eps: float = 1.0, d: int = 4, **params: float) -> BalcerCheuHistogram:
 # --------------------------------------------------------------------------- parameters
 
 
-def test_one_minus_p_is_the_formula_and_p_is_the_noise_message_probability() -> None:
-    """1 - p = 50 ln(2/delta_b) / (eps_b^2 n) with eps_b = eps/2, delta_b = delta/2 (rounded up to
-    the 2**-52 grid), so p is close to 1: the commonly swapped pair, checked both ways."""
+def test_one_minus_p_is_the_smallest_meeting_the_exact_profile() -> None:
+    """1 - p is the smallest grid value (to 1/128 relative) whose exact two-bucket profile meets
+    the target at expected_n, and p is the noise-message probability (close to 1): the commonly
+    swapped pair, checked both ways. The paper's formula is about 70x larger."""
     mech = build(1.0, 8, expected_n=100_000.0, delta=1e-6)
+    assert balcer_cheu_exact_guarantee(mech.skip, 100_000, 1e-6).epsilon <= 1.0
+    smaller = mech.skip * (1 - Fraction(1, 64))
+    assert balcer_cheu_exact_guarantee(smaller, 100_000, 1e-6).epsilon > 1.0
     formula = 50 * math.log(2 / 5e-7) / (0.5**2 * 100_000)
-    assert formula <= float(mech.skip) <= formula * (1 + 1e-9) + 2 / GRID
-    assert mech.send == 1 - mech.skip and float(mech.send) > 0.96
+    assert float(mech.skip) < formula / 50
+    assert mech.send == 1 - mech.skip and float(mech.send) > 0.99
     assert mech.expected_messages == pytest.approx(2 + 8 * float(mech.send))
+
+
+def test_standard_error_at_the_issue_setting_is_at_most_ten() -> None:
+    """n = 1e5, eps = 1, delta = 1e-6, d = 32: the planner's error (uniform truth) was 773.8."""
+    mech = build(1.0, 32, expected_n=100_000.0, delta=1e-6)
+    assert expected_std_error(mech, 100_000) <= 10.0
+
+
+def test_refuses_below_the_smallest_n_and_names_it() -> None:
+    """Even 1 - p = 1/2 cannot hide one device among too few: the error names the smallest n."""
+    with pytest.raises(ValueError, match="smallest n that can is 148"):
+        build(1.0, 4, expected_n=100.0, delta=1e-6)
+    build(1.0, 4, expected_n=148.0, delta=1e-6)
+    with pytest.raises(ValueError, match="smallest n"):
+        build(1.0, 4, expected_n=147.0, delta=1e-6)
 
 
 def test_messages_per_device_average_one_plus_d_p_plus_presence() -> None:
@@ -72,14 +92,13 @@ def test_registry_round_trip_from_float_params() -> None:
 @pytest.mark.parametrize(
     ("eps", "params", "match"),
     [
-        (2.5, {"expected_n": 10**6}, "epsilon in"),
-        (1.0, {"expected_n": 1000}, "expected_n >="),
+        (1.0, {"expected_n": 100}, "smallest n"),
         (1.0, {"expected_n": 10**6, "skip_probability": 0.6}, "1/2"),
         (1.0, {"expected_n": 10**6, "delta": 0.0}, "delta"),
         (1.0, {}, "expected_n"),
     ],
 )
-def test_refuses_parameters_outside_the_theorem(eps: float, params: dict[str, float], match: str) -> None:
+def test_refuses_bad_parameters(eps: float, params: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build(eps, 4, **{k: float(v) for k, v in params.items()})
 
@@ -156,8 +175,8 @@ def test_theorem_holds_where_it_applies(n: int) -> None:
     """eps = 2 (eps_b = 1), delta = 0.2 (delta_b = 0.1): valid for n >= 100 ln 20 = 300. One bucket's
     count at eps_b is within delta_b exactly; the two changed buckets jointly at 2 eps_b within
     delta (float convolution of the exact pmfs, 1e-12 slack)."""
-    mech = build(2.0, 3, expected_n=300.0, delta=0.2)
-    claim = mech.central_guarantee(n, 0.2)
+    mech = build(2.0, 3, expected_n=300.0, delta=0.2, skip_probability=0.5)
+    claim = mech.theorem_guarantee(n, 0.2)
     assert claim.amplified and claim.delta == 0.2
     eps_b = claim.epsilon / 2
     assert eps_b <= 1.0
@@ -172,11 +191,60 @@ def test_theorem_holds_where_it_applies(n: int) -> None:
 
 
 def test_outside_the_theorem_nothing_is_claimed() -> None:
-    mech = build(2.0, 3, expected_n=300.0, delta=0.2)
+    mech = build(2.0, 3, expected_n=300.0, delta=0.2, skip_probability=0.5)
     for n in (1, 6, 200):
-        bound = mech.central_guarantee(n, 0.2)
+        bound = mech.theorem_guarantee(n, 0.2)
         assert math.isinf(bound.epsilon) and not bound.amplified and "not applicable" in bound.note
     assert math.isinf(balcer_cheu_guarantee(Fraction(3, 4), 10**6, 0.2).epsilon)
+
+
+def shuffled_law(mech: BalcerCheuHistogram, values: tuple[int, ...]) -> dict[tuple[int, ...], Fraction]:
+    """Exact law of the shuffled count vector: the per-device exact laws convolved."""
+    joint: dict[tuple[int, ...], Fraction] = {(0,) * mech.count_cells: Fraction(1)}
+    for v in values:
+        step: dict[tuple[int, ...], Fraction] = {}
+        for payload, prob in mech.output_distribution(v).items():
+            add = count_vector(mech, payload)
+            for key, p in joint.items():
+                new = tuple(a + b for a, b in zip(key, add, strict=True))
+                step[new] = step.get(new, Fraction(0)) + p * prob
+        joint = step
+    return joint
+
+
+def hockey(
+    p: dict[tuple[int, ...], Fraction], q: dict[tuple[int, ...], Fraction], factor: Fraction
+) -> Fraction:
+    return sum((max(Fraction(0), pr - factor * q.get(k, Fraction(0))) for k, pr in p.items()), Fraction(0))
+
+
+@pytest.mark.parametrize(
+    ("d", "skip", "values", "changed"),
+    [(3, 0.25, (0, 0, 2), (1, 0, 2)), (2, 0.5, (0, 1, 1, 0), (1, 1, 1, 0)), (3, 0.125, (2, 1), (0, 1))],
+)
+def test_exact_profile_matches_exhaustive_enumeration(
+    d: int, skip: float, values: tuple[int, ...], changed: tuple[int, ...]
+) -> None:
+    """Tiny n: every device's exact output law, convolved into the shuffled view, and the
+    hockey-stick divergence in Fractions (both directions, e^eps as the exact rational of the
+    double) equals ``privacy_profile`` up to its 1e-9 relative safety margin."""
+    mech = build(1.0, d, expected_n=1000.0, skip_probability=skip)
+    p, q = shuffled_law(mech, values), shuffled_law(mech, changed)
+    for eps in (0.0, 0.2, 0.7, 1.5, 3.0):
+        factor = Fraction(math.exp(eps))
+        truth = float(max(hockey(p, q, factor), hockey(q, p, factor)))
+        got = mech.privacy_profile(len(values), eps)
+        assert truth <= got <= truth * (1 + 2e-9) + 1e-15, (eps, truth, got)
+
+
+@pytest.mark.parametrize(("n", "gamma", "delta"), [(300, 0.5, 0.2), (2000, 0.3, 0.01), (10**5, 0.0304, 1e-6)])
+def test_exact_epsilon_never_exceeds_the_theorem(n: int, gamma: float, delta: float) -> None:
+    """Wherever the theorem applies, the exact profile's epsilon is at most the theorem's."""
+    skip = Fraction(gamma)
+    theorem = balcer_cheu_guarantee(skip, n, delta)
+    exact = balcer_cheu_exact_guarantee(skip, n, delta)
+    assert theorem.amplified and exact.amplified
+    assert exact.epsilon <= theorem.epsilon
 
 
 # --------------------------------------------------------------------------- analyser

@@ -1,4 +1,4 @@
-"""The four shuffle-only protocols end to end: registry, Reporter, sealing apart, the aggregator.
+"""The shuffle-only protocols end to end: registry, Reporter, sealing apart, the aggregator.
 
 Devices record through ``deniable.client.Reporter`` over ``InMemoryTransport``; every message
 of a multi-message payload must become its own sealed report (own report id, same ciphertext
@@ -38,8 +38,14 @@ PROTOCOLS: dict[str, tuple[int, dict[str, float]]] = {
     "balcer_cheu_histogram": (3, {"expected_n": 400.0, "delta": 0.2}),
     "multi_message_sum": (2, {"expected_n": 400.0, "delta": 1e-6}),
     "sample_and_threshold": (3, {"sample_rate": 0.5, "threshold": 4.0, "delta": 0.1}),
+    "multi_message_histogram": (3, {"expected_n": 400.0, "delta": 1e-6}),
 }
-EPSILON0 = {"cheu_binary_sum": 1.0, "balcer_cheu_histogram": 2.0, "multi_message_sum": 1.0}
+EPSILON0 = {
+    "cheu_binary_sum": 1.0,
+    "balcer_cheu_histogram": 2.0,
+    "multi_message_sum": 1.0,
+    "multi_message_histogram": 1.0,
+}
 
 
 def campaign_for(name: str, public: PublicKey, campaign_id: str) -> pb.Campaign:
@@ -79,7 +85,7 @@ def test_registry_rebuilds_the_identical_randomiser_from_campaign_params(name: s
     assert name in mechanisms.summaries()
 
 
-@pytest.mark.parametrize("name", ["balcer_cheu_histogram", "multi_message_sum"])
+@pytest.mark.parametrize("name", ["balcer_cheu_histogram", "multi_message_sum", "multi_message_histogram"])
 async def test_multi_message_payloads_are_sealed_apart(name: str, tmp_path: Path) -> None:
     keys = KeyPair.generate(1)
     campaign = campaign_for(name, keys.public, "multi")
@@ -148,7 +154,7 @@ async def test_devices_to_aggregator_query(
     answer = await agg.query(pb.QueryRequest(campaign_id=campaign.id), binary=k == 2)
     assert answer.n == 400 and answer.messages == len(reports)
     assert answer.privacy.smallest_batch == 400
-    assert not answer.privacy.local_guarantee
+    assert not answer.privacy.local_guarantee and answer.privacy.local_epsilon == 0.0
     randomiser = randomiser_for(campaign)
     bound = randomiser.central_guarantee(400, campaign.delta)
     assert answer.privacy.central_epsilon == pytest.approx(bound.epsilon)
