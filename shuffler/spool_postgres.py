@@ -186,14 +186,27 @@ class PostgresSpool:
     # -- batches -----------------------------------------------------------------------------
 
     async def _form(
-        self, campaign_id: str, sizes: list[int] | None, limit: int, at_least: int, permutation: Permutation
+        self,
+        campaign_id: str,
+        sizes: list[int] | None,
+        limit: int,
+        at_least: int,
+        permutation: Permutation,
+        whole: bool = False,
     ) -> list[FormedBatch]:
-        """Under the campaign's advisory lock: take up to ``limit`` oldest reports, permute, store."""
+        """Under the campaign's advisory lock: take up to ``limit`` oldest reports, permute, store.
+
+        ``whole``: each batch is permuted on its own and must end on a request (segment) boundary;
+        if the oldest segments no longer fit the sizes (another shuffler formed batches since they
+        were planned), nothing is formed.
+        """
         async with self._pool.acquire() as db, db.transaction():
             await db.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", LOCK_NAMESPACE, campaign_id)
             heads = await db.fetch(_OLDEST_SEGMENTS, campaign_id, limit)
             total = sum(int(h[1]) for h in heads)
             if not heads or total < at_least:
+                return []
+            if whole and not _on_boundaries([int(h[1]) for h in heads], sizes or [total]):
                 return []
             seqs = [int(h[0]) for h in heads]
             rows = await db.fetch(
@@ -212,12 +225,17 @@ class PostgresSpool:
                     *(bytes(b) for b in rest.blobs()),
                     seqs.pop(),
                 )
-            order = checked_order(permutation(take), take)
+            order = None if whole else checked_order(permutation(take), take)
             formed: list[FormedBatch] = []
             start = 0
             for size in sizes or [take]:
                 batch_id = new_batch_id()
-                wire, digest = batch_wire(batch_id, campaign_id, taken, order[start : start + size])
+                own = (
+                    checked_order(permutation(size), size) + start
+                    if order is None
+                    else order[start : start + size]
+                )
+                wire, digest = batch_wire(batch_id, campaign_id, taken, own)
                 start += size
                 formed.append(FormedBatch(batch_id, campaign_id, size, digest, wire))
             await db.executemany(
@@ -245,13 +263,24 @@ class PostgresSpool:
         return [parse_batch_wire(b.wire) for b in self.form_batch_sizes(campaign_id, sizes, permutation)]
 
     def form_batch_sizes(
-        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation
+        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation, whole: bool = False
     ) -> list[FormedBatch]:
-        """``form_batches`` without building an envelope per report; [] unless every size is filled."""
+        """``form_batches`` without building an envelope per report; [] unless every size is filled.
+
+        ``whole``: requests kept whole (see ``_form``)."""
         if not sizes or min(sizes) < 1:
             raise ValueError("batch sizes must be at least 1")
         total = sum(sizes)
-        return self._run(self._form(campaign_id, list(sizes), total, total, permutation))
+        return self._run(self._form(campaign_id, list(sizes), total, total, permutation, whole))
+
+    def pending_segment_counts(self, campaign_id: str) -> list[int]:
+        """Reports per pending segment (one per request), oldest first."""
+        rows = self._run(
+            self._pool.fetch(
+                "SELECT report_count FROM shuffler_pending WHERE campaign_id = $1 ORDER BY seq", campaign_id
+            )
+        )
+        return [int(r[0]) for r in rows]
 
     def batch_ids(self, campaign_id: str | None = None) -> list[str]:
         """Ids of unacknowledged batches in the order they were formed."""
@@ -327,3 +356,17 @@ class PostgresSpool:
         self._run(self._pool.close())
         self._closed = True
         self._stop_loop()
+
+
+def _on_boundaries(segments: list[int], sizes: list[int]) -> bool:
+    """Whether every batch of ``sizes`` ends where one of ``segments`` (oldest first) ends."""
+    ends, running = set(), 0
+    for count in segments:
+        running += count
+        ends.add(running)
+    running = 0
+    for size in sizes:
+        running += size
+        if running not in ends:
+            return False
+    return True

@@ -3,8 +3,8 @@
 The same sealed reports (fixed values, fixed randomised payloads, fixed report ids) go through one
 shuffler and one aggregator (SQLite, the reference) and through two shufflers sharing a PostgreSQL
 spool and two aggregators sharing a PostgreSQL store: the counts must be identical, every report
-counted exactly once, and no batch below the campaign's n_min. Plaintext (``--insecure``) by name:
-TLS is not the subject here (tests/test_cli.py serves with TLS).
+counted exactly once, and no batch below the campaign's batch target (nor n_min). Plaintext
+(``--insecure``) by name: TLS is not the subject here (tests/test_cli.py serves with TLS).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ CLI = [sys.executable, "-m", "deniable.cli"]
 CAMPAIGN = "scale"
 LABELS = ["a", "b", "c", "d"]
 N_MIN = 60
+BATCH_TARGET = 100
+"""Requests hold exactly this many reports, so whatever a shuffler holds is released at the target."""
 
 
 def _free_port() -> int:
@@ -152,7 +154,13 @@ async def _create_campaign(aggregator: str) -> pb.Campaign:
     async with grpc.aio.insecure_channel(aggregator) as channel:
         stub = deniable_pb2_grpc.AggregatorStub(channel)
         request = pb.CreateCampaignRequest(
-            id=CAMPAIGN, question="Which?", kind=pb.CATEGORICAL, labels=LABELS, epsilon0=2.0, n_min=N_MIN
+            id=CAMPAIGN,
+            question="Which?",
+            kind=pb.CATEGORICAL,
+            labels=LABELS,
+            epsilon0=2.0,
+            n_min=N_MIN,
+            batch_target=BATCH_TARGET,
         )
         return await stub.CreateCampaign(request, timeout=30)
 
@@ -180,7 +188,7 @@ async def _wait_serving(address: str, timeout: float = 60) -> None:
 
 
 async def _send(deployment: Deployment, waves: list[list[pb.EncryptedReport]]) -> pb.QueryResponse:
-    """Each wave split between the shufflers in requests of 40; wait until it is all counted."""
+    """Each wave split between the shufflers in requests of BATCH_TARGET; wait until it is all counted."""
     for address in deployment.shufflers:
         await _wait_serving(address)
     channels = [grpc.aio.insecure_channel(s) for s in deployment.shufflers]
@@ -188,7 +196,7 @@ async def _send(deployment: Deployment, waves: list[list[pb.EncryptedReport]]) -
         stubs = [deniable_pb2_grpc.ShufflerStub(c) for c in channels]
         counted = 0
         for wave in waves:
-            chunks = [wave[i : i + 40] for i in range(0, len(wave), 40)]
+            chunks = [wave[i : i + BATCH_TARGET] for i in range(0, len(wave), BATCH_TARGET)]
             answers = await asyncio.gather(
                 *(
                     stubs[i % len(stubs)].SubmitReports(pb.SubmitReportsRequest(reports=chunk), timeout=30)
@@ -258,7 +266,7 @@ def test_two_shufflers_and_two_aggregators_count_exactly_like_one_of_each(
     tmp_path: Path, postgres_server: Any, waves: int, per_wave: int
 ) -> None:
     """Same reports, 1+1 processes on SQLite vs 2+2 on one PostgreSQL: identical counts, each
-    report counted once (by one of the aggregator processes), every batch at least n_min."""
+    report counted once (by one of the aggregator processes), every batch at least its target."""
     keys = tmp_path / "keys"
     Keyring.load_or_create(keys)  # one keyring, copied to every aggregator
     shape = (waves, per_wave)
@@ -272,7 +280,7 @@ def test_two_shufflers_and_two_aggregators_count_exactly_like_one_of_each(
     total = waves * per_wave
     for answer in (single, many):
         assert answer.n == total and answer.rejected == 0  # every report counted once
-        assert answer.privacy.smallest_batch >= N_MIN  # no batch below its target
+        assert answer.privacy.smallest_batch >= BATCH_TARGET  # no batch below its target
     assert [b.raw_count for b in many.buckets] == [b.raw_count for b in single.buckets]
     assert sum(b.raw_count for b in many.buckets) == total
     assert single_by == [total] and sum(many_by) == total  # across processes, once each
@@ -285,7 +293,7 @@ def test_two_shufflers_and_two_aggregators_count_exactly_like_one_of_each(
             await db.close()
 
     sizes = asyncio.run(batch_sizes())
-    assert sum(sizes) == total and min(sizes) >= N_MIN
+    assert sum(sizes) == total and min(sizes) >= BATCH_TARGET
     print(f"batch sizes {sorted(sizes)}; counted per aggregator {many_by}")
 
 

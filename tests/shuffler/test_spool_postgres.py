@@ -158,3 +158,23 @@ def test_a_database_gone_is_spool_unavailable_like_a_full_disk(postgres_server: 
             spool.ping()
     finally:
         spool.close()
+
+
+def test_whole_requests_stay_in_one_batch_and_a_stale_plan_forms_nothing(dsn: str) -> None:
+    """Multi-message campaigns: batches end on request boundaries, each permuted on its own; sizes
+    planned before another shuffler moved requests no longer fit, so nothing is formed."""
+    spool = PostgresSpool(dsn)
+    try:
+        first, second = reports(3, 0), reports(4, 3)
+        spool.append(first)
+        spool.append(second)
+        assert spool.pending_segment_counts("a") == [3, 4]
+        assert spool.form_batch_sizes("a", [4, 3], default_rng().permutation, whole=True) == []
+        assert spool.pending_count("a") == 7
+        one, two = spool.form_batch_sizes("a", [3, 4], default_rng().permutation, whole=True)
+        loaded = [spool.load_batch(b.batch_id) for b in (one, two)]
+        assert loaded[0] is not None and loaded[1] is not None
+        assert sorted(r.ciphertext for r in loaded[0].reports) == sorted(e.ciphertext for e in first)
+        assert sorted(r.ciphertext for r in loaded[1].reports) == sorted(e.ciphertext for e in second)
+    finally:
+        spool.close()
