@@ -7,11 +7,13 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
+from deniable.cli.main import main
 from deniable.core.errors import ConfigurationError
 from deniable.core.rng import default_rng
 from deniable.shuffler.segments import parse_batch_wire
@@ -178,3 +180,18 @@ def test_whole_requests_stay_in_one_batch_and_a_stale_plan_forms_nothing(dsn: st
         assert sorted(r.ciphertext for r in loaded[1].reports) == sorted(e.ciphertext for e in second)
     finally:
         spool.close()
+
+
+def test_serve_with_a_bad_spool_store_is_one_line_exit_2_without_the_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "shuf"
+    argv = ["shuffler", "serve", "--data-dir", str(data), "--insecure", "--listen", "127.0.0.1:0"]
+    assert main([*argv, "--spool-store", "postgresql://u:secretpw@127.0.0.1:1/db"]) == 2
+    monkeypatch.setenv("DENIABLE_SPOOL_STORE", "mysql://u:secretpw@h/db")
+    assert main(argv) == 2  # the default comes from the environment (read when the parser is built)
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("{")]
+    assert len(lines) == 2 and all("secretpw" not in line for line in lines), lines
+    assert "cannot use spool store postgresql://u@127.0.0.1:1/db" in lines[0]
+    assert "must be a postgresql:// DSN" in lines[1]
+    assert not data.exists()  # a failed start leaves nothing behind
