@@ -371,9 +371,8 @@ def test_a_worker_killed_mid_batch_has_it_redelivered_and_counted_once(
                 await _wait_serving(address)
                 async with grpc.aio.insecure_channel(address) as channel:
                     stub = deniable_pb2_grpc.ShufflerStub(channel)
-                    for i in range(0, len(reports), 1000):
-                        request = pb.SubmitReportsRequest(reports=reports[i : i + 1000])
-                        assert (await stub.SubmitReports(request, timeout=30)).accepted == 1000
+                    request = pb.SubmitReportsRequest(reports=reports)  # one request: one batch to hold
+                    assert (await stub.SubmitReports(request, timeout=30)).accepted == len(reports)
 
             asyncio.run(submit())
             deadline = time.monotonic() + 120
