@@ -257,7 +257,11 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         operator_port = None
         if config.operator_listen is not None and operator_credentials is not None:
             operator_port = service.bind(server, config.operator_listen, operator_credentials)
-        metrics_port = metrics.serve_http(config.metrics_port) if config.metrics_port is not None else None
+        metrics_port = (
+            metrics.serve_http(config.metrics_port, service.host_of(config.listen).strip("[]"))
+            if config.metrics_port is not None
+            else None
+        )  # on the device listener's host, so a scraper on the pod network reaches it
         await monitor.check_now()  # the first answer is already the truth
         await server.start()
         monitor.start()
