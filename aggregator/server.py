@@ -72,6 +72,8 @@ class AggregatorConfig:
     key_drain_s: float = 86_400.0
     """A retired HPKE key is destroyed this long after the last campaign sealed to it closed."""
     key_sweep_interval_s: float = 3_600.0
+    key_group: int | None = None
+    """Accept key files shared with this group (the pod's fsGroup, ADR 0020); None: owner-only."""
 
 
 @dataclass
@@ -225,7 +227,7 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     try:
         _prepare_data_dir(config.data_dir)
         lock = DataDirLock(config.data_dir)
-        keyring = Keyring.load_or_create(config.data_dir)
+        keyring = Keyring.load_or_create(config.data_dir, key_group=config.key_group)
         store = await open_store(config.store, config.data_dir)
         executor = _decrypt_pool(config.decrypt_workers, metrics)
         if executor is not None:
