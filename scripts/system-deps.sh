@@ -6,6 +6,10 @@ set -euo pipefail
 need=()
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+# kubectl renders deploy/k8s overlays (`kubectl kustomize`, tests/deploy). The machine image ships
+# kubectl 1.32 (kustomize v5.5); Debian's kubernetes-client is the fallback, but its kubectl 1.20
+# embeds kustomize v2, too old for `labels:`/`patches:`: tests/deploy then fail saying so.
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "installing Debian packages: ${need[*]}" >&2
 sudo=()
