@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs beyond Python: mosquitto (the MQTT broker the MQTT
+# Debian packages the test suite needs beyond Python: kubectl (tests/deploy), mosquitto (the MQTT broker the MQTT
 # transport tests start) and postgresql (the server binaries the PostgreSQL store tests run
 # with initdb/pg_ctl in a temporary directory). Installs only what is missing; needs root or sudo.
 set -euo pipefail
