@@ -131,7 +131,7 @@ async def test_metrics_endpoint(upstream, start, kit: SimpleNamespace) -> None:
 async def test_metrics_bind_the_listen_host_not_loopback(upstream, start) -> None:
     """Prometheus scrapes the pod address: metrics follow --listen's host (127.0.0.2 here), so a
     hard-coded 127.0.0.1 (the old behaviour) would refuse this connection."""
-    shuffler = await start(listen="127.0.0.2:0", metrics_port=0, quiet_s=3600.0)
+    shuffler = await start(listen="127.0.0.2:0", metrics_port=0)
     url = f"http://127.0.0.2:{shuffler.metrics_port}/metrics"
     body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
     assert "deniable_shuffler_pending_reports" in body
