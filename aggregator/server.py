@@ -79,6 +79,8 @@ class AggregatorConfig:
     """Also take batches from this NATS JetStream URL (core/jetstream.py), as one more worker."""
     nats_ack_wait_s: float = DEFAULT_ACK_WAIT_S
     """How long a taken batch stays unacknowledged before JetStream gives it to another worker."""
+    key_group: int | None = None
+    """Accept key files shared with this group (the pod's fsGroup, ADR 0020); None: owner-only."""
 
 
 @dataclass
@@ -236,7 +238,7 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     try:
         _prepare_data_dir(config.data_dir)
         lock = DataDirLock(config.data_dir)
-        keyring = Keyring.load_or_create(config.data_dir)
+        keyring = Keyring.load_or_create(config.data_dir, key_group=config.key_group)
         store = await open_store(config.store, config.data_dir)
         executor = _decrypt_pool(config.decrypt_workers, metrics)
         if executor is not None:

@@ -41,6 +41,56 @@ DEFAULT_QUOTA = 1000
 T = TypeVar("T")
 
 
+def _env_int(name: str) -> int | None:
+    """An integer from the environment (None when unset); a clear error when it is not one."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise SystemExit(f"deniable: error: ${name} must be an integer, not {text!r}") from None
+
+
+def secret_from_env(name: str) -> str | None:
+    """``$NAME``, else the stripped contents of the file ``$NAME_FILE`` (a mounted secret), else None."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    path = os.environ.get(f"{name}_FILE")
+    return read_secret(Path(path)) if path else None
+
+
+def read_secret(path: Path) -> str | None:
+    """A secret file's stripped contents (None if empty); one-line ConfigurationError if unreadable."""
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the secret file {path}: {exc.strerror or exc}") from None
+
+
+def store_dsn(flag: str | None, path: Path | None) -> str | None:
+    """The aggregator's store DSN: --store, --store-file, $DENIABLE_STORE, $DENIABLE_STORE_FILE, in order.
+
+    Files and the environment keep a PostgreSQL password out of argv (docs/storage.md, deploy/).
+    """
+    if flag:
+        return flag
+    if path is not None:
+        return read_secret(path)
+    return secret_from_env("DENIABLE_STORE")
+
+
+def spool_store_dsn(flag: str | None, path: Path | None) -> str | None:
+    """The shuffler's spool DSN, as ``store_dsn``: --spool-store, --spool-store-file,
+    $DENIABLE_SPOOL_STORE, $DENIABLE_SPOOL_STORE_FILE, in order (None: SQLite)."""
+    if flag:
+        return flag
+    if path is not None:
+        return read_secret(path)
+    return secret_from_env("DENIABLE_SPOOL_STORE")
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -143,7 +193,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DSN",
         help="counts and campaigns in this PostgreSQL database (postgresql://user:pw@host:port/db);"
-        " default: SQLite in the data directory",
+        " default: SQLite in the data directory. Prefer --store-file or the environment:"
+        " argv is visible to every local user",
+    )
+    agg_serve.add_argument(
+        "--store-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="read the store DSN from this file (a mounted secret); without either option:"
+        " $DENIABLE_STORE, else the file $DENIABLE_STORE_FILE",
+    )
+    agg_serve.add_argument(
+        "--key-group",
+        type=int,
+        default=_env_int("DENIABLE_KEY_GROUP"),
+        metavar="GID",
+        help="accept key files readable by this group, the process's own (Kubernetes fsGroup, ADR"
+        " 0020); default $DENIABLE_KEY_GROUP, else owner-only (0600)",
     )
 
     shuffler = sub.add_parser("shuffler", help="the shuffler service").add_subparsers(
@@ -162,11 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shuf_serve.add_argument(
         "--spool-store",
-        default=os.environ.get("DENIABLE_SPOOL_STORE"),
+        default=None,
         metavar="DSN",
         help="spool in this PostgreSQL database, shareable by several shufflers"
-        " (postgresql://user@host:port/db; password from $PGPASSWORD or $PGPASSFILE;"
-        " default $DENIABLE_SPOOL_STORE, else SQLite in the data directory)",
+        " (postgresql://user@host:port/db; password from $PGPASSWORD or $PGPASSFILE);"
+        " default: SQLite in the data directory. Prefer --spool-store-file or the environment:"
+        " argv is visible to every local user",
+    )
+    shuf_serve.add_argument(
+        "--spool-store-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="read the spool DSN from this file (a mounted secret); without either option:"
+        " $DENIABLE_SPOOL_STORE, else the file $DENIABLE_SPOOL_STORE_FILE",
     )
     shuf_serve.add_argument("--metrics-port", type=int, default=None)
     _add_server_tls_options(shuf_serve)
@@ -195,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="MQTT 5 shared subscription: shuffler replicas split the requests",
     )
     shuf_serve.add_argument(
-        "--mqtt-username", default=None, help="broker login (password: $DENIABLE_MQTT_PASSWORD)"
+        "--mqtt-username",
+        default=None,
+        help="broker login (password: $DENIABLE_MQTT_PASSWORD, or the file $DENIABLE_MQTT_PASSWORD_FILE)",
     )
     shuf_serve.add_argument(
         "--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file"
@@ -493,7 +571,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
 
     broker = BrokerAddress.parse(args.mqtt)
     tls = _mqtt_tls(args.mqtt_ca)
-    password = os.environ.get("DENIABLE_MQTT_PASSWORD")
+    password = secret_from_env("DENIABLE_MQTT_PASSWORD")
     broker = dataclasses.replace(broker, username=args.mqtt_username, password=password, tls=tls)
     return MqttIngressConfig(
         broker=broker, prefix=mqtt.check_prefix(args.mqtt_prefix), shared_subscription=args.mqtt_shared
@@ -537,7 +615,8 @@ def _run(args: argparse.Namespace) -> int:
                         default_decrypt_workers() if args.decrypt_workers is None else args.decrypt_workers
                     ),
                     metrics_port=args.metrics_port,
-                    store=args.store,
+                    store=store_dsn(args.store, args.store_file),
+                    key_group=args.key_group,
                     tls=server_tls(args),
                     insecure=args.insecure,
                     key_drain_s=args.key_drain_s,
@@ -556,7 +635,7 @@ def _run(args: argparse.Namespace) -> int:
                     data_dir=args.data_dir,
                     upstream=args.upstream,
                     listen=args.listen,
-                    spool_store=args.spool_store or None,
+                    spool_store=spool_store_dsn(args.spool_store, args.spool_store_file),
                     forward_nats=args.forward_nats,
                     metrics_port=args.metrics_port,
                     mqtt=_mqtt_ingress(args),

@@ -84,8 +84,8 @@ class ShufflerConfig:
     """Forward batches to this NATS JetStream URL instead of gRPC (core/jetstream.py); campaigns
     still come from ``upstream``. TLS with the shuffler's certificate unless ``insecure``."""
     spool_store: str | None = None
-    """A PostgreSQL DSN: spool there instead (several shufflers may share it); password from
-    ``PGPASSWORD`` or ``PGPASSFILE``, never needed in the DSN."""
+    """A PostgreSQL DSN: spool there instead (several shufflers may share it); the CLI reads it
+    from a flag, a file or the environment, the password may come from ``PGPASSWORD``/``PGPASSFILE``."""
     mqtt: MqttIngressConfig | None = None
     """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
     tls: ServerTls | None = None
@@ -285,7 +285,11 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         operator_port = None
         if config.operator_listen is not None and operator_credentials is not None:
             operator_port = service.bind(server, config.operator_listen, operator_credentials)
-        metrics_port = metrics.serve_http(config.metrics_port) if config.metrics_port is not None else None
+        metrics_port = (
+            metrics.serve_http(config.metrics_port, service.host_of(config.listen).strip("[]"))
+            if config.metrics_port is not None
+            else None
+        )  # on the device listener's host, so a scraper on the pod network reaches it
         await monitor.check_now()  # the first answer is already the truth
         await server.start()
         monitor.start()

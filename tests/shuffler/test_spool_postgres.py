@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from deniable.cli.main import main
+from deniable.cli.main import main, spool_store_dsn
 from deniable.core.errors import ConfigurationError
 from deniable.core.rng import default_rng
 from deniable.shuffler.segments import parse_batch_wire
@@ -189,9 +189,26 @@ def test_serve_with_a_bad_spool_store_is_one_line_exit_2_without_the_password(
     argv = ["shuffler", "serve", "--data-dir", str(data), "--insecure", "--listen", "127.0.0.1:0"]
     assert main([*argv, "--spool-store", "postgresql://u:secretpw@127.0.0.1:1/db"]) == 2
     monkeypatch.setenv("DENIABLE_SPOOL_STORE", "mysql://u:secretpw@h/db")
-    assert main(argv) == 2  # the default comes from the environment (read when the parser is built)
+    assert main(argv) == 2  # without --spool-store: from the environment
     lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("{")]
     assert len(lines) == 2 and all("secretpw" not in line for line in lines), lines
     assert "cannot use spool store postgresql://u@127.0.0.1:1/db" in lines[0]
     assert "must be a postgresql:// DSN" in lines[1]
     assert not data.exists()  # a failed start leaves nothing behind
+
+
+def test_spool_dsn_from_flag_file_or_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like the aggregator's --store: a file or the environment keeps the password out of argv."""
+    secret = tmp_path / "dsn"
+    secret.write_text("postgresql://u:from-file@db/x\n")
+    monkeypatch.delenv("DENIABLE_SPOOL_STORE", raising=False)
+    monkeypatch.delenv("DENIABLE_SPOOL_STORE_FILE", raising=False)
+    assert spool_store_dsn(None, None) is None
+    assert spool_store_dsn(None, secret) == "postgresql://u:from-file@db/x"
+    monkeypatch.setenv("DENIABLE_SPOOL_STORE_FILE", str(secret))
+    assert spool_store_dsn(None, None) == "postgresql://u:from-file@db/x"
+    monkeypatch.setenv("DENIABLE_SPOOL_STORE", "postgresql://u:from-env@db/x")
+    assert spool_store_dsn(None, None) == "postgresql://u:from-env@db/x"
+    assert spool_store_dsn("postgresql://flag@db/x", secret) == "postgresql://flag@db/x"
+    with pytest.raises(ConfigurationError, match="cannot read the secret file"):
+        spool_store_dsn(None, tmp_path / "missing")
