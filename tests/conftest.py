@@ -102,15 +102,15 @@ def _load_postgres_server() -> ModuleType:
     return sys.modules[name]
 
 
-postgres_server_module = _load_postgres_server()
-PostgresServer = postgres_server_module.PostgresServer
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[Any]:
-    """One PostgreSQL server for the session (started on first use); fails if it cannot start."""
+    """One PostgreSQL server for the session (started on first use); fails if it cannot start.
+
+    The helper module (and asyncpg) is loaded here, not at import: the SDK's lowest-versions run
+    (scripts/lowest.sh) has no asyncpg."""
+    postgres_server_module = _load_postgres_server()
     try:
-        server = PostgresServer.start()
+        server = postgres_server_module.PostgresServer.start()
     except postgres_server_module.PostgresUnavailable as exc:
         problem = str(exc)
     else:

@@ -1,5 +1,6 @@
-"""Slow: the SDK tests pass at the lowest versions we allow, and Deniable resolves next to the
-latest Flower (scripts/lowest.sh, scripts/coinstall.sh; each about a minute with a warm cache)."""
+"""In the default run (CI, issue 12): the SDK tests pass at the lowest versions we allow, and
+Deniable resolves next to the latest Flower (scripts/lowest.sh, scripts/coinstall.sh; each about
+a minute with a warm cache)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,14 +19,12 @@ def _script(name: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.slow
 def test_sdk_tests_pass_at_the_lowest_allowed_versions() -> None:
     result = _script("lowest.sh")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "installed grpcio 1.63.2" in result.stdout and "installed protobuf 5.26.1" in result.stdout
 
 
-@pytest.mark.slow
 def test_deniable_and_the_latest_flower_resolve_together() -> None:
     result = _script("coinstall.sh")
     assert result.returncode == 0, result.stderr[-3000:]

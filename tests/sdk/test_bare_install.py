@@ -1,7 +1,7 @@
 """The device SDK runs without any server dependency (ADR 0017).
 
 The default run sends a report from a subprocess where numpy, tqdm, prometheus-client, aiomqtt,
-asyncpg, matplotlib, scipy and grpc-health are unimportable; the slow run builds the wheel,
+asyncpg, matplotlib, scipy and grpc-health are unimportable; the default run also builds the wheel,
 installs it with no extras into a fresh venv and does the same from there.
 """
 
@@ -13,8 +13,6 @@ import subprocess
 import sys
 from importlib.metadata import distribution
 from pathlib import Path
-
-import pytest
 
 from tests.sdk_services import Services, binary_campaign, counted, running_services
 
@@ -84,7 +82,6 @@ def _bare_venv(tmp_path: Path) -> Path:
     return python
 
 
-@pytest.mark.slow
 async def test_the_wheel_without_extras_installs_no_server_package_and_sends(tmp_path: Path) -> None:
     """``pip install deniable`` (the built wheel, no extras) into a fresh venv: none of the
     server-only distributions is installed, and a report sent from there is counted."""
