@@ -518,20 +518,22 @@ class AggregatorHandlers:
             return self._duplicate(batch, seen.campaign_id, seen.digest)
 
         randomiser = randomiser_for(campaign)
-        opened = await self._open(campaign, envelopes)
+        with self.metrics.decrypt_seconds.time():
+            opened = await self._open(campaign, envelopes)
         valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
         try:
-            outcome = await self.store.ingest(
-                batch_id=batch.batch_id,
-                campaign_id=campaign.id,
-                digest=batch.digest,
-                batch_size=len(envelopes),
-                valid_reports=valid,
-                rejected=rejected,
-                count_cells=_counter(randomiser),
-                cells=randomiser.count_cells,
-                devices=randomiser.devices if randomiser.multi_message else None,
-            )
+            with self.metrics.commit_seconds.time():
+                outcome = await self.store.ingest(
+                    batch_id=batch.batch_id,
+                    campaign_id=campaign.id,
+                    digest=batch.digest,
+                    batch_size=len(envelopes),
+                    valid_reports=valid,
+                    rejected=rejected,
+                    count_cells=_counter(randomiser),
+                    cells=randomiser.count_cells,
+                    devices=randomiser.devices if randomiser.multi_message else None,
+                )
         except BatchConflict as exc:
             raise AlreadyExists(str(exc)) from None
         except UnknownCampaign:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
-from deniable.core.metrics import ServiceMetrics
+from deniable.core.metrics import ServiceMetrics, service_rpcs
 from deniable.v1 import deniable_pb2 as pb
+
+BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Seconds, for work on a whole batch (up to tens of thousands of reports)."""
 
 
 def reason_name(reason: int) -> str:
@@ -27,7 +30,20 @@ class AggregatorMetrics(ServiceMetrics):
 
     def __init__(self) -> None:
         """Create the counters in a fresh registry."""
-        super().__init__()
+        super().__init__("aggregator")
+        self.preinitialise(service_rpcs(pb.DESCRIPTOR.services_by_name["Aggregator"]))
+        self.decrypt_seconds = Histogram(
+            "deniable_aggregator_decrypt_duration_seconds",
+            "Decrypting one batch (all its reports, over the worker processes).",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "deniable_aggregator_commit_duration_seconds",
+            "The one store transaction that adds a batch to the counts.",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
         self.reports_counted = Counter(
             "deniable_aggregator_reports_counted",
             "Reports decrypted, validated and added to the counts.",

@@ -72,6 +72,8 @@ class AggregatorConfig:
     key_drain_s: float = 86_400.0
     """A retired HPKE key is destroyed this long after the last campaign sealed to it closed."""
     key_sweep_interval_s: float = 3_600.0
+    config_source: str = "library call"
+    """Where these settings came from (file, environment, flags), for the start-up log line."""
 
 
 @dataclass
@@ -184,6 +186,7 @@ async def _serve(
         config.max_message_bytes,
         interceptors=[guard],
         on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc(),
+        record_request=metrics.observe_request,
     )
     pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
     health_servicer = await add_health(
@@ -256,8 +259,12 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     address = f"{host_of(config.listen)}:{port}"
     if config.insecure:
         warn_open("the aggregator")
+    tls = "mutual TLS" if config.tls else "plaintext (insecure)"
     log.info(
-        "aggregator listening",
+        "aggregator listening on %s (%s; config: %s)",
+        address,
+        tls,
+        config.config_source,
         extra={"address": address, "pid": os.getpid(), "tls": "mutual" if config.tls else "none"},
     )
     return RunningAggregator(

@@ -204,7 +204,8 @@ class ShufflerHandlers:
     async def _append(self, columns: ColumnReports) -> None:
         """Append durably; a write that fails (disk full) is UNAVAILABLE and marks the spool unwritable."""
         try:
-            await asyncio.to_thread(self.store.append, columns)
+            with self._metrics.commit_seconds.time():
+                await asyncio.to_thread(self.store.append, columns)
         except (OSError, sqlite3.Error) as exc:
             self.spool_failure = f"the spool cannot be written: {type(exc).__name__}: {str(exc)[:200]}"
             log.error("%s", self.spool_failure)
