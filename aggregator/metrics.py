@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter, Histogram
 
-from deniable.core.metrics import ServiceMetrics, service_rpcs
+from deniable.core.metrics import ServiceMetrics, reason_label, reject_reasons, service_rpcs
 from deniable.v1 import deniable_pb2 as pb
 
 BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -19,10 +19,7 @@ BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 
 def reason_name(reason: int) -> str:
     """Lower-case RejectReason name (the value itself if the enum does not know it)."""
-    try:
-        return pb.RejectReason.Name(reason).lower()  # type: ignore[arg-type]
-    except ValueError:
-        return str(reason)
+    return reason_label(reason)
 
 
 class AggregatorMetrics(ServiceMetrics):
@@ -61,6 +58,10 @@ class AggregatorMetrics(ServiceMetrics):
             ["outcome"],
             registry=self.registry,
         )
+        for reason in reject_reasons():
+            self.reports_rejected.labels(reason=reason)
+        for outcome in ("ingested", "duplicate", "refused"):
+            self.batches.labels(outcome=outcome)
         self.requests_failed = Counter(
             "deniable_aggregator_requests_failed",
             "RPCs that ended with a non-OK status, by method and status code.",

@@ -63,6 +63,23 @@ KNOWN_CODES: Final = (
 """Status codes whose ``requests_total`` series exist from the start (zero until they happen)."""
 
 
+def reason_label(reason: int) -> str:
+    """Lower-case RejectReason name (``duplicate_report``), the one spelling in both services."""
+    from deniable.v1 import deniable_pb2 as pb
+
+    try:
+        return pb.RejectReason.Name(reason).lower()  # type: ignore[arg-type]
+    except ValueError:
+        return str(reason)
+
+
+def reject_reasons() -> list[str]:
+    """Every RejectReason label but UNSPECIFIED (to pre-initialise the rejected counters)."""
+    from deniable.v1 import deniable_pb2 as pb
+
+    return [name.lower() for name, value in pb.RejectReason.items() if value]
+
+
 def snake_case(name: str) -> str:
     """``SubmitReports`` → ``submit_reports``: the one spelling of RPC label values."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

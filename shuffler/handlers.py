@@ -16,6 +16,7 @@ from typing import Final
 
 from google.protobuf.message import DecodeError
 
+from deniable.core.metrics import reason_label
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
 from deniable.shuffler.errors import InvalidRequest, NotFound, QuotaExceeded, ShufflerError, Unavailable
@@ -175,7 +176,7 @@ class ShufflerHandlers:
         response.accepted = len(columns)
         self._metrics.reports_accepted.inc(len(columns))
         for reason, rejected in Counter(r.reason for r in response.rejected).items():
-            self._metrics.reports_rejected.labels(reason=pb.RejectReason.Name(reason)).inc(rejected)
+            self._metrics.reports_rejected.labels(reason=reason_label(reason)).inc(rejected)
         return response
 
     async def _spool(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from deniable.core.metrics import ServiceMetrics, service_rpcs
+from deniable.core.metrics import ServiceMetrics, reject_reasons, service_rpcs
 from deniable.v1 import deniable_pb2 as pb
 
 BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -41,6 +41,8 @@ class ShufflerMetrics(ServiceMetrics):
             ["reason"],
             registry=self.registry,
         )
+        for reason in reject_reasons():
+            self.reports_rejected.labels(reason=reason)
         self.batches_forwarded = Counter(
             "deniable_shuffler_batches_forwarded",
             "Batches acknowledged by the aggregator.",
