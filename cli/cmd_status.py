@@ -81,7 +81,7 @@ async def gather_status(aggregator: str, shufflers: Sequence[str], tls: ClientTl
     )
     spools = await asyncio.gather(*(_stats(a, tls) for a in shufflers), return_exceptions=True)
     held: dict[str, dict[str, int]] = {}
-    shuffler_rows = []
+    shuffler_rows: list[dict[str, Any]] = []
     for address, spool in zip(shufflers, spools, strict=True):
         if isinstance(spool, BaseException):
             shuffler_rows.append({"address": address, "error": _error(spool)})
