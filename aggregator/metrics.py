@@ -62,6 +62,12 @@ class AggregatorMetrics(ServiceMetrics):
             self.reports_rejected.labels(reason=reason)
         for outcome in ("ingested", "duplicate", "refused"):
             self.batches.labels(outcome=outcome)
+        self.operator_actions = Counter(
+            "deniable_aggregator_operator_actions",
+            "Recorded operator actions on campaigns (close_campaign, release_below_n_min).",
+            ["action"],
+            registry=self.registry,
+        )
         self.requests_failed = Counter(
             "deniable_aggregator_requests_failed",
             "RPCs that ended with a non-OK status, by method and status code.",
@@ -94,6 +100,10 @@ class AggregatorMetrics(ServiceMetrics):
     def batch(self, outcome: str) -> None:
         """Record one batch as ``ingested``, ``duplicate`` or ``refused``."""
         self.batches.labels(outcome=outcome).inc()
+
+    def operator_action(self, action: str) -> None:
+        """Record one operator action on a campaign."""
+        self.operator_actions.labels(action=action).inc()
 
     def failed(self, rpc: str, code: str) -> None:
         """Record one failed RPC."""

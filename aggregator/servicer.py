@@ -139,3 +139,9 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
     ) -> pb.StatusDeleteCampaignResponse:
         """Remove a closed campaign and everything counted for it."""
         return await self._call("DeleteCampaign", context, self._handlers.delete_campaign(request))
+
+    async def ReleaseBelowNMin(  # noqa: N802 (gRPC method name)
+        self, request: pb.ReleaseBelowNMinRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
+    ) -> pb.Campaign:
+        """Operator: authorise batches below n_min for a while (recorded and stated)."""
+        return await self._call("ReleaseBelowNMin", context, self._handlers.release_below_n_min(request))

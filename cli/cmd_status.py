@@ -122,7 +122,7 @@ def _campaign_row(row: pb.StatusCampaign, held: dict[str, int] | None) -> dict[s
         "question": c.question,
         "mechanism": pb.Mechanism.Name(c.mechanism).lower(),
         "n_min": c.n_min,
-        "batch_target": c.expected_n or c.n_min,
+        "batch_target": c.batch_target or c.expected_n or c.n_min,
         "window_end_unix": c.window_end_unix or None,
         "closed": row.closed,
         "counted": row.counted,

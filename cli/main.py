@@ -10,18 +10,20 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
-import json
 import os
 import pkgutil
 import ssl
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
+from deniable.cli import render
 from deniable.cli.render import guarantee_words
+from deniable.cli.windows import parse_window
 from deniable.core import mqtt
 from deniable.core.campaigns import local_epsilon, mechanism_has_local_guarantee
 from deniable.core.errors import ConfigurationError
@@ -178,7 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_client_tls_options(flush)
     flush.add_argument("--campaign", default="", help="only this campaign (default: all)")
-    flush.add_argument("--below-n-min", action="store_true", help="also forward batches smaller than n_min")
+    flush.add_argument(
+        "--below-n-min",
+        action="store_true",
+        help="also forward batches smaller than n_min (first recorded at the aggregator, which states it;"
+        " needs --campaign)",
+    )
+    flush.add_argument("--aggregator", default=DEFAULT_AGGREGATOR, help="where --below-n-min is recorded")
 
     campaign = sub.add_parser("campaign", help="create and list campaigns").add_subparsers(
         dest="action", required=True
@@ -217,11 +225,27 @@ def build_parser() -> argparse.ArgumentParser:
         default="x25519",
         help="HPKE KEM devices seal to (x25519-mlkem768: post-quantum hybrid, 1136 bytes per report)",
     )
+    create.add_argument(
+        "--window",
+        default=None,
+        help="collection window: a duration from now (90m, 2h, 7d) or an ISO end time (default 7d)",
+    )
+    create.add_argument(
+        "--batch-target",
+        type=_positive_int,
+        default=0,
+        help="devices per released batch (default: --expected-n if planned, else n_min)",
+    )
     create.add_argument("--json", action="store_true")
     _add_client_tls_options(create)
-    close = campaign.add_parser("close", help="end a campaign's window now (re-signed)")
+    close = campaign.add_parser(
+        "close", help="end a campaign's window now (re-signed); the shuffler releases what it holds"
+    )
     close.add_argument("campaign")
     close.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    close.add_argument(
+        "--shuffler", default=None, help="also tell this shuffler's operator port now (else it learns it)"
+    )
     _add_client_tls_options(close)
     show_campaign = campaign.add_parser("show", help="one campaign's descriptor, with both guarantees")
     show_campaign.add_argument("campaign")
@@ -347,7 +371,7 @@ async def _call(
 
 
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2))
+    print(render.dumps(data))
 
 
 def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
@@ -364,6 +388,10 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         or (None if mechanism_has_local_guarantee(c) else c.epsilon0),
         "delta": c.delta,
         "n_min": c.n_min,
+        "batch_target": c.batch_target,
+        "window_start_unix": c.window_start_unix,
+        "window_end_unix": c.window_end_unix,
+        "closed": c.closed,
         "key_id": c.key_id,
         "hpke_suite": c.hpke_suite,
         "ciphertext_length": c.ciphertext_length,
@@ -373,6 +401,20 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "params": dict(c.params),
         "signature": c.signature.hex(),
     }
+
+
+def _flush_line(flushed: pb.FlushResponse) -> str:
+    """What a flush did, and any campaign whose window closed with fewer than n_min held."""
+    line = (
+        f"forwarded {flushed.reports_forwarded} reports in {flushed.batches_forwarded} batches;"
+        f" {flushed.reports_held} held"
+    )
+    for held in flushed.window_held:
+        line += (
+            f"\nwindow of {held.campaign_id} closed with {held.pending} reports, fewer than n_min"
+            f" ({held.n_min}): held (release with --below-n-min --campaign {held.campaign_id})"
+        )
+    return line
 
 
 def _print_campaign(c: pb.Campaign) -> None:
@@ -502,16 +544,35 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.command == "shuffler" and args.action == "flush":
-        request = pb.FlushRequest(campaign_id=args.campaign, below_n_min=args.below_n_min)
         tls = client_tls(args)
+        if args.below_n_min:
+            if not args.campaign:
+                raise ValueError("--below-n-min needs --campaign (it is authorised per campaign)")
+            release = pb.ReleaseBelowNMinRequest(campaign_id=args.campaign)
+            asyncio.run(_call(args.aggregator, lambda s: s.ReleaseBelowNMin(release, timeout=30), tls=tls))
+            print(f"recorded at the aggregator: batches of {args.campaign} below n_min authorised")
+        request = pb.FlushRequest(campaign_id=args.campaign, below_n_min=args.below_n_min)
         target = args.shuffler or (DEFAULT_SHUFFLER if tls is None else DEFAULT_SHUFFLER_OPERATOR)
         flushed: pb.FlushResponse = asyncio.run(
             _call(target, lambda s: s.Flush(request, timeout=300), "shuffler", tls)
         )
-        print(
-            f"forwarded {flushed.reports_forwarded} reports in {flushed.batches_forwarded} batches;"
-            f" {flushed.reports_held} held"
+        print(_flush_line(flushed))
+        return 0
+    if args.command == "campaign" and args.action == "close":
+        closing = pb.KeyCloseCampaignRequest(campaign_id=args.campaign)
+        operator_tls = client_tls(args)
+        closed: pb.Campaign = asyncio.run(
+            _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30), tls=operator_tls)
         )
+        print(
+            f"closed {closed.id}: window ended at {closed.window_end_unix} (Unix time); description re-signed"
+        )
+        if args.shuffler:
+            flush_one = pb.FlushRequest(campaign_id=args.campaign)
+            done: pb.FlushResponse = asyncio.run(
+                _call(args.shuffler, lambda s: s.Flush(flush_one, timeout=300), "shuffler", operator_tls)
+            )
+            print(_flush_line(done))
         return 0
     if args.command == "campaign" and args.action == "create":
         kind = pb.BINARY if args.kind == "binary" else pb.CATEGORICAL
@@ -519,6 +580,7 @@ def _run(args: argparse.Namespace) -> int:
         mechanism = pb.Mechanism.Value(args.mechanism.upper()) if args.mechanism else pb.MECHANISM_UNSPECIFIED
         if (args.target_epsilon is None) != (args.expected_n == 0):
             raise ValueError("--target-epsilon and --expected-n go together (or give --epsilon0 alone)")
+        window_s, window_end = (0, 0) if args.window is None else parse_window(args.window, time.time())
         create = pb.CreateCampaignRequest(
             id=args.id,
             question=args.question,
@@ -532,6 +594,9 @@ def _run(args: argparse.Namespace) -> int:
             n_min=args.n_min,
             device_budget_epsilon=args.budget,
             quota_per_source=args.quota_per_source,
+            window_s=window_s,
+            window_end_unix=window_end,
+            batch_target=args.batch_target,
             kem=args.kem,
         )
         tls = client_tls(args)
@@ -548,7 +613,8 @@ def _run(args: argparse.Namespace) -> int:
             print(
                 f"created {created.id}: {len(created.labels)} buckets,"
                 f" {guarantee_words(mechanism_has_local_guarantee(created), created.epsilon0)},"
-                f" n_min = {created.n_min}, key {created.key_id}"
+                f" n_min = {created.n_min}, batch target {created.batch_target} messages,"
+                f" window ends {created.window_end_unix} (Unix time), key {created.key_id}"
             )
             if created.target_epsilon:
                 print(
@@ -557,13 +623,6 @@ def _run(args: argparse.Namespace) -> int:
                     f" for central ε ≤ {created.target_epsilon:g} at δ = {created.delta:g}"
                     f" in shuffles of n ≥ {created.expected_n}"
                 )
-        return 0
-    if args.command == "campaign" and args.action == "close":
-        closing = pb.KeyCloseCampaignRequest(campaign_id=args.campaign)
-        closed: pb.Campaign = asyncio.run(
-            _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30), tls=client_tls(args))
-        )
-        print(f"closed {closed.id} at {closed.window_end_unix}; description re-signed")
         return 0
     if args.command == "campaign" and args.action == "list":
         listed: pb.ListCampaignsResponse = asyncio.run(

@@ -294,12 +294,20 @@ class Pipeline:
     async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
         """Batch now (below n_min only with the override) and forward now, ignoring backoff."""
         async with self._lock:
-            await self._batcher.run_once(campaign_id=campaign_id, flush=True, below_n_min=below_n_min)
+            batching = await self._batcher.run_once(
+                campaign_id=campaign_id, flush=True, below_n_min=below_n_min
+            )
             result = await self._forwarder.forward(campaign_id, force=True)
             stats = await self._update_gauges()
         held = sum(s.pending + s.in_flight for s in stats if not campaign_id or s.campaign_id == campaign_id)
         return pb.FlushResponse(
-            batches_forwarded=result.batches, reports_forwarded=result.reports, reports_held=held
+            batches_forwarded=result.batches,
+            reports_forwarded=result.reports,
+            reports_held=held,
+            window_held=[
+                pb.WindowHeld(campaign_id=c, pending=pending, n_min=n_min)
+                for c, pending, n_min in batching.window_held
+            ],
         )
 
     async def _update_gauges(self) -> list[CampaignSpoolStats]:

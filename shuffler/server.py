@@ -62,7 +62,6 @@ class ShufflerConfig:
     upstream: str
     listen: str = "127.0.0.1:7701"
     batch_interval_s: float = 0.5
-    quiet_s: float = 2.0
     max_batch_reports: int = 50_000
     max_reports_per_request: int = 10_000
     max_message_bytes: int = service.MAX_MESSAGE_BYTES
@@ -215,9 +214,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             refresh_interval_s=config.campaign_refresh_s,
             ttl_s=config.campaign_ttl_s,
         )
-        batcher = Batcher(
-            store, directory, max_batch_reports=config.max_batch_reports, quiet_s=config.quiet_s
-        )
+        batcher = Batcher(store, directory, max_batch_reports=config.max_batch_reports, metrics=metrics)
         forwarder = Forwarder(
             store,
             upstream,

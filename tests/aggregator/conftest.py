@@ -148,8 +148,17 @@ async def handlers(tmp_path: Path, keyring: Keyring) -> AsyncIterator[Aggregator
 
 
 def binary_request(campaign_id: str = "smoke", **fields: object) -> pb.CreateCampaignRequest:
-    """A valid binary campaign request, with fields overridden."""
-    base: dict[str, object] = {"id": campaign_id, "question": "Did it?", "kind": pb.BINARY, "epsilon0": 1.0}
+    """A valid binary campaign request, with fields overridden.
+
+    n_min is 1 so that tests may ingest small batches (the aggregator refuses batches below n_min).
+    """
+    base: dict[str, object] = {
+        "id": campaign_id,
+        "question": "Did it?",
+        "kind": pb.BINARY,
+        "epsilon0": 1.0,
+        "n_min": 1,
+    }
     base.update(fields)
     return pb.CreateCampaignRequest(**base)  # type: ignore[arg-type]
 
@@ -157,8 +166,9 @@ def binary_request(campaign_id: str = "smoke", **fields: object) -> pb.CreateCam
 def categorical_request(
     campaign_id: str = "colour", labels: Sequence[str] = ("red", "green", "blue"), **fields: object
 ) -> pb.CreateCampaignRequest:
-    """A valid categorical campaign request, with fields overridden."""
+    """A valid categorical campaign request, with fields overridden (n_min 1, as above)."""
     base: dict[str, object] = {
+        "n_min": 1,
         "id": campaign_id,
         "question": "Favourite?",
         "kind": pb.CATEGORICAL,

@@ -62,7 +62,6 @@ async def stack(tmp_path: Path, dev_certs: DevCerts) -> AsyncIterator[Stack]:
             listen="127.0.0.1:0",
             operator_listen="127.0.0.1:0",
             tls=files("shuffler"),
-            quiet_s=3600.0,
         )
     )
     try:
@@ -106,7 +105,7 @@ async def test_status_spool_and_delete_through_the_operator_surface(
     async with open_channel(stack.shuffler.address, stack.client(None)) as device:
         shuffler = pb_grpc.ShufflerStub(device)
         await shuffler.SubmitReports(pb.SubmitReportsRequest(reports=sealed(campaign, 10, garbage=1)))
-        await stack.shuffler.flush(below_n_min=True)  # one batch of 11: 10 counted, 1 undecryptable
+        await stack.shuffler.flush()  # one batch of 11 (target 10): 10 counted, 1 undecryptable
         await shuffler.SubmitReports(pb.SubmitReportsRequest(reports=sealed(campaign, 2)))  # held
     agg, op = stack.aggregator.address, stack.shuffler.operator_address
     assert op is not None
@@ -146,7 +145,19 @@ async def test_status_spool_and_delete_through_the_operator_surface(
     assert code == 1 and "FAILED_PRECONDITION" in err and "is open" in err
     code, _, _ = await cli(capsys, "campaign", "close", "c1", "--aggregator", agg, *stack.tls("operator"))
     assert code == 0
-    await stack.shuffler.flush(below_n_min=True)
+    release = [
+        "shuffler",
+        "flush",
+        "--below-n-min",
+        "--campaign",
+        "c1",
+        "--shuffler",
+        op,
+        "--aggregator",
+        agg,
+    ]
+    code, _, err = await cli(capsys, *release, *stack.tls("operator"))  # the 2 held, authorised and recorded
+    assert code == 0, err
     code, out, err = await cli(capsys, *delete)
     assert code == 0, err
     assert "deleted c1" in out

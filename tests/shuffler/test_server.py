@@ -104,7 +104,7 @@ async def test_list_with_upstream_down_and_empty_cache_is_unavailable(upstream, 
 
 async def test_stats_rpc(upstream, start, channel_to, kit: SimpleNamespace) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=50))
-    stub = channel_to(await start(quiet_s=3600.0))
+    stub = channel_to(await start())
     await stub.SubmitReports(pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 4)))
     stats = await stub.Stats(pb.ShufflerStatsRequest())
     assert [(c.campaign_id, c.pending, c.in_flight) for c in stats.campaigns] == [("c1", 4, 0)]
@@ -112,7 +112,7 @@ async def test_stats_rpc(upstream, start, channel_to, kit: SimpleNamespace) -> N
 
 async def test_metrics_endpoint(upstream, start, kit: SimpleNamespace) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=2))
-    shuffler = await start(metrics_port=0, quiet_s=3600.0)
+    shuffler = await start(metrics_port=0)
     await shuffler.handlers.submit(pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 2)))
     await shuffler.flush()
     assert shuffler.metrics_port

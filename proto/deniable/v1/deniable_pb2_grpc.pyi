@@ -393,6 +393,22 @@ _AggregatorCloseCampaignType = typing_extensions.TypeVar(
     ],
 )
 
+_AggregatorReleaseBelowNMinType = typing_extensions.TypeVar(
+    '_AggregatorReleaseBelowNMinType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+)
+
 _AggregatorStatusType = typing_extensions.TypeVar(
     '_AggregatorStatusType',
     grpc.UnaryUnaryMultiCallable[
@@ -425,7 +441,7 @@ _AggregatorDeleteCampaignType = typing_extensions.TypeVar(
     ],
 )
 
-class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorRotateKeyType, _AggregatorDestroyKeyType, _AggregatorCloseCampaignType, _AggregatorStatusType, _AggregatorDeleteCampaignType]):
+class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorRotateKeyType, _AggregatorDestroyKeyType, _AggregatorCloseCampaignType, _AggregatorReleaseBelowNMinType, _AggregatorStatusType, _AggregatorDeleteCampaignType]):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
 
     @typing.overload
@@ -468,6 +484,10 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
         ],
         grpc.UnaryUnaryMultiCallable[
             deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
             deniable.v1.deniable_pb2.Campaign,
         ],
         grpc.UnaryUnaryMultiCallable[
@@ -523,6 +543,10 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
             deniable.v1.deniable_pb2.Campaign,
         ],
         grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
             deniable.v1.deniable_pb2.StatusRequest,
             deniable.v1.deniable_pb2.StatusResponse,
         ],
@@ -552,6 +576,10 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
     DestroyKey: _AggregatorDestroyKeyType
 
     CloseCampaign: _AggregatorCloseCampaignType
+    """also sets Campaign.closed (batch)"""
+
+    ReleaseBelowNMin: _AggregatorReleaseBelowNMinType
+    """--- batch --- (operator only)"""
 
     Status: _AggregatorStatusType
     """--- ops ---"""
@@ -597,6 +625,10 @@ AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
     ],
     grpc.aio.UnaryUnaryMultiCallable[
         deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
         deniable.v1.deniable_pb2.Campaign,
     ],
     grpc.aio.UnaryUnaryMultiCallable[
@@ -681,7 +713,16 @@ class AggregatorServicer(metaclass=abc.ABCMeta):
         self,
         request: deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
         context: _ServicerContext,
-    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]:
+        """also sets Campaign.closed (batch)"""
+
+    @abc.abstractmethod
+    def ReleaseBelowNMin(
+        self,
+        request: deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]:
+        """--- batch --- (operator only)"""
 
     @abc.abstractmethod
     def Status(
