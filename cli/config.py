@@ -27,6 +27,10 @@ GLOBAL: Final = ("log_level", "log_format")
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off", ""})
 _NOT_CONFIGURABLE: Final = frozenset({"help", "version", "config", "command", "action"})
+OWN_SOURCES: Final = frozenset({"store", "store_file", "spool_store", "spool_store_file"})
+"""Database DSNs: the service reads their flags, then $DENIABLE_<NAME>, then $DENIABLE_<NAME>_FILE
+itself (cli/main.py, docs/storage.md); they stay out of the file so that order holds and no
+password lands in a config file."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ def resolve(
     from_env = {
         dest: convert(actions[dest], environ[name], name)
         for dest in actions
-        if (name := ENV_PREFIX + dest.upper()) in environ
+        if (name := ENV_PREFIX + dest.upper()) in environ and dest not in OWN_SOURCES
     }
     for dest, value in (from_file | from_env).items():
         if dest not in given:
@@ -213,6 +217,11 @@ def _load(path: Path, actions: Mapping[str, argparse.Action]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, raw in table.items():
         dest = key.replace("-", "_")
+        if dest in OWN_SOURCES:
+            raise ConfigurationError(
+                f"config file {path}: {key} belongs in ${ENV_PREFIX}{dest.upper()}"
+                f" or --{key.replace('_', '-')}, not in the file (it may hold a password)"
+            )
         if dest not in actions:
             raise ConfigurationError(f"config file {path}: unknown setting {key!r}")
         values[dest] = convert(actions[dest], raw, f"config file {path}: {key}")

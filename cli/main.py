@@ -41,6 +41,56 @@ DEFAULT_QUOTA = 1000
 T = TypeVar("T")
 
 
+def _env_int(name: str) -> int | None:
+    """An integer from the environment (None when unset); a clear error when it is not one."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise SystemExit(f"deniable: error: ${name} must be an integer, not {text!r}") from None
+
+
+def secret_from_env(name: str) -> str | None:
+    """``$NAME``, else the stripped contents of the file ``$NAME_FILE`` (a mounted secret), else None."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    path = os.environ.get(f"{name}_FILE")
+    return read_secret(Path(path)) if path else None
+
+
+def read_secret(path: Path) -> str | None:
+    """A secret file's stripped contents (None if empty); one-line ConfigurationError if unreadable."""
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the secret file {path}: {exc.strerror or exc}") from None
+
+
+def store_dsn(flag: str | None, path: Path | None) -> str | None:
+    """The aggregator's store DSN: --store, --store-file, $DENIABLE_STORE, $DENIABLE_STORE_FILE, in order.
+
+    Files and the environment keep a PostgreSQL password out of argv (docs/storage.md, deploy/).
+    """
+    if flag:
+        return flag
+    if path is not None:
+        return read_secret(path)
+    return secret_from_env("DENIABLE_STORE")
+
+
+def spool_store_dsn(flag: str | None, path: Path | None) -> str | None:
+    """The shuffler's spool DSN, as ``store_dsn``: --spool-store, --spool-store-file,
+    $DENIABLE_SPOOL_STORE, $DENIABLE_SPOOL_STORE_FILE, in order (None: SQLite)."""
+    if flag:
+        return flag
+    if path is not None:
+        return read_secret(path)
+    return secret_from_env("DENIABLE_SPOOL_STORE")
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -125,11 +175,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="destroy a retired HPKE key this long after its last campaign closed (default one day)",
     )
     agg_serve.add_argument(
+        "--nats",
+        default=None,
+        metavar="URL",
+        help="also take batches from this NATS JetStream (nats://host:4222), as one more worker"
+        " (default: gRPC IngestBatch only)",
+    )
+    agg_serve.add_argument(
+        "--nats-ack-wait",
+        type=_positive_float,
+        default=60.0,
+        help="seconds a worker may hold a batch unacknowledged before it is redelivered (default 60)",
+    )
+    agg_serve.add_argument(
         "--store",
         default=None,
         metavar="DSN",
         help="counts and campaigns in this PostgreSQL database (postgresql://user:pw@host:port/db);"
-        " default: SQLite in the data directory",
+        " default: SQLite in the data directory. Prefer --store-file or the environment:"
+        " argv is visible to every local user",
+    )
+    agg_serve.add_argument(
+        "--store-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="read the store DSN from this file (a mounted secret); without either option:"
+        " $DENIABLE_STORE, else the file $DENIABLE_STORE_FILE",
+    )
+    agg_serve.add_argument(
+        "--key-group",
+        type=int,
+        default=_env_int("DENIABLE_KEY_GROUP"),
+        metavar="GID",
+        help="accept key files readable by this group, the process's own (Kubernetes fsGroup, ADR"
+        " 0020); default $DENIABLE_KEY_GROUP, else owner-only (0600)",
     )
 
     shuffler = sub.add_parser("shuffler", help="the shuffler service").add_subparsers(
@@ -139,6 +219,30 @@ def build_parser() -> argparse.ArgumentParser:
     shuf_serve.add_argument("--listen", default=DEFAULT_SHUFFLER)
     shuf_serve.add_argument("--data-dir", type=Path, required=True)
     shuf_serve.add_argument("--upstream", default=DEFAULT_AGGREGATOR, help="aggregator address")
+    shuf_serve.add_argument(
+        "--forward-nats",
+        default=None,
+        metavar="URL",
+        help="forward batches to this NATS JetStream (nats://host:4222) instead of gRPC;"
+        " campaigns still come from --upstream (default: gRPC forwarding)",
+    )
+    shuf_serve.add_argument(
+        "--spool-store",
+        default=None,
+        metavar="DSN",
+        help="spool in this PostgreSQL database, shareable by several shufflers"
+        " (postgresql://user@host:port/db; password from $PGPASSWORD or $PGPASSFILE);"
+        " default: SQLite in the data directory. Prefer --spool-store-file or the environment:"
+        " argv is visible to every local user",
+    )
+    shuf_serve.add_argument(
+        "--spool-store-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="read the spool DSN from this file (a mounted secret); without either option:"
+        " $DENIABLE_SPOOL_STORE, else the file $DENIABLE_SPOOL_STORE_FILE",
+    )
     shuf_serve.add_argument("--metrics-port", type=int, default=None)
     _add_server_tls_options(shuf_serve)
     shuf_serve.add_argument(
@@ -166,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="MQTT 5 shared subscription: shuffler replicas split the requests",
     )
     shuf_serve.add_argument(
-        "--mqtt-username", default=None, help="broker login (password: $DENIABLE_MQTT_PASSWORD)"
+        "--mqtt-username",
+        default=None,
+        help="broker login (password: $DENIABLE_MQTT_PASSWORD, or the file $DENIABLE_MQTT_PASSWORD_FILE)",
     )
     shuf_serve.add_argument(
         "--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file"
@@ -270,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--suppress-below", type=float, default=0.0, help="post-process: zero estimates under X"
         )
         q.add_argument("--top-k", type=int, default=0, help="post-process: keep the K largest buckets")
+        q.add_argument(
+            "--fake-reports",
+            type=_positive_int,
+            default=0,
+            help="m for the manipulation budget (default: 1%% of the counted reports, at least 1)",
+        )
         q.add_argument("--json", action="store_true")
         _add_client_tls_options(q)
 
@@ -468,7 +580,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
 
     broker = BrokerAddress.parse(args.mqtt)
     tls = _mqtt_tls(args.mqtt_ca)
-    password = os.environ.get("DENIABLE_MQTT_PASSWORD")
+    password = secret_from_env("DENIABLE_MQTT_PASSWORD")
     broker = dataclasses.replace(broker, username=args.mqtt_username, password=password, tls=tls)
     return MqttIngressConfig(
         broker=broker, prefix=mqtt.check_prefix(args.mqtt_prefix), shared_subscription=args.mqtt_shared
@@ -512,10 +624,13 @@ def _run(args: argparse.Namespace) -> int:
                         default_decrypt_workers() if args.decrypt_workers is None else args.decrypt_workers
                     ),
                     metrics_port=args.metrics_port,
-                    store=args.store,
+                    store=store_dsn(args.store, args.store_file),
+                    key_group=args.key_group,
                     tls=server_tls(args),
                     insecure=args.insecure,
                     key_drain_s=args.key_drain_s,
+                    nats=args.nats,
+                    nats_ack_wait_s=args.nats_ack_wait,
                     config_source=_source(args),
                 )
             )
@@ -530,6 +645,8 @@ def _run(args: argparse.Namespace) -> int:
                     data_dir=args.data_dir,
                     upstream=args.upstream,
                     listen=args.listen,
+                    spool_store=spool_store_dsn(args.spool_store, args.spool_store_file),
+                    forward_nats=args.forward_nats,
                     metrics_port=args.metrics_port,
                     mqtt=_mqtt_ingress(args),
                     tls=server_tls(args),
@@ -656,6 +773,7 @@ def _run(args: argparse.Namespace) -> int:
         query = pb.QueryRequest(
             campaign_id=args.campaign,
             confidence=args.confidence,
+            fake_reports=args.fake_reports,
             simultaneous=args.simultaneous,
             post_processing=pb.PostProcessing(
                 clip_non_negative=args.clip,

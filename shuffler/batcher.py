@@ -20,7 +20,7 @@ from deniable.core.rng import default_rng
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.errors import Unavailable
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import Permutation, SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -142,7 +142,7 @@ class Batcher:
 
     async def _form(self, campaign_id: str, plan: _Plan) -> tuple[int, int]:
         """Form the planned batches; (batches, reports) formed."""
-        if isinstance(self._store, SegmentSpool):  # sizes only: no envelope per report
+        if isinstance(self._store, SegmentPaths):  # sizes only: no envelope per report
             fast = await asyncio.to_thread(
                 self._store.form_batch_sizes, campaign_id, plan.sizes, self._permutation, plan.whole
             )
@@ -220,7 +220,7 @@ class Batcher:
         """Chunks of at least ``floor`` (when ``pending`` allows); whole requests where required."""
         max_batch, floor = self._limits(campaign, floor)
         if campaign.keep_requests_whole:
-            if isinstance(self._store, SegmentSpool):
+            if isinstance(self._store, SegmentPaths):
                 segments = await asyncio.to_thread(self._store.pending_segment_counts, campaign.id)
                 return _Plan(whole_chunks(segments, max_batch, floor), True, cause)
             return _Plan([pending], False, cause)  # one batch: no request can be split

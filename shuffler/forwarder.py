@@ -12,14 +12,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import grpc
 
 from deniable.core.rng import Csprng, default_rng
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import BatchRecord, CampaignSpoolStats, SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -47,6 +47,13 @@ class ForwardResult:
     batches: int = 0
     reports: int = 0
     failures: int = 0
+
+
+class BatchForwarder(Protocol):
+    """Sends unacknowledged batches upstream (gRPC by default, NATS JetStream as an option)."""
+
+    async def forward(self, campaign_id: str = "", *, force: bool = False) -> ForwardResult:
+        """One pass over the spool's batches (of ``campaign_id`` if given)."""
 
 
 class Backoff:
@@ -219,7 +226,7 @@ class Forwarder:
 
     async def _attempt(self, batch_id: str) -> tuple[int | None, grpc.StatusCode | None]:
         """Load and send one batch, delete it once acknowledged: (reports or None if gone, failure)."""
-        if self._raw_ingest is not None and isinstance(self._store, SegmentSpool):
+        if self._raw_ingest is not None and isinstance(self._store, SegmentPaths):
             wire = await asyncio.to_thread(self._store.load_wire, batch_id)
             if wire is None:
                 return None, None
@@ -271,7 +278,7 @@ class Pipeline:
         self,
         store: SpoolStore,
         batcher: Batcher,
-        forwarder: Forwarder,
+        forwarder: BatchForwarder,
         metrics: ShufflerMetrics,
         interval_s: float = 0.5,
     ) -> None:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, overload
+from typing import Final, Protocol, overload, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -376,6 +376,22 @@ class FormedBatch:
     report_count: int
     digest: bytes
     wire: bytes | bytearray
+
+
+@runtime_checkable
+class SegmentPaths(Protocol):
+    """The fast paths of the segment spools (SQLite and PostgreSQL): batch sizes and wire bytes."""
+
+    def form_batch_sizes(
+        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation, whole: bool = False
+    ) -> list[FormedBatch]:
+        """``form_batches`` without building an envelope per report; ``whole``: requests kept whole."""
+
+    def pending_segment_counts(self, campaign_id: str) -> list[int]:
+        """Reports per pending segment (one per request), oldest first."""
+
+    def load_wire(self, batch_id: str) -> tuple[bytes, int] | None:
+        """The batch as serialised ``ShuffledBatch`` bytes and its report count, or None."""
 
 
 class SegmentSpool(SpoolDatabase):

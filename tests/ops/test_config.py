@@ -90,6 +90,7 @@ def test_global_options_work_before_and_after_the_subcommand_and_in_the_file(tmp
     ("text", "environ", "expected"),
     [
         ("nonsense = 1\n", {}, "unknown setting 'nonsense'"),
+        ("spool_store = 'postgresql://u:pw@h/db'\n", {}, "belongs in \\$DENIABLE_SPOOL_STORE"),
         ("listen = [1]\n", {}, "expected a single value"),
         ("quota_per_source = 'many'\n", {}, "quota_per_source"),
         ("this is not toml\n", {}, "not valid TOML"),
