@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import logging
 import math
 import time
 from collections import Counter
@@ -28,6 +29,7 @@ from deniable.aggregator.pool import DecryptPool, PoolUnavailable
 from deniable.aggregator.store import (
     AggregatorStore,
     BatchConflict,
+    CampaignCounts,
     CampaignExists,
     CountCells,
     StoreError,
@@ -37,12 +39,16 @@ from deniable.core import mechanisms
 from deniable.core.accounting import planner
 from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
+from deniable.core.build import version
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
 from deniable.core.crypto import kem_named
 from deniable.core.mechanisms import LocalRandomiser, manipulation
 from deniable.core.mechanisms.base import Estimate, IntArray
+from deniable.core.metrics import reason_label
 from deniable.core.process import ChildDied, run_in_child
 from deniable.v1 import deniable_pb2 as pb
+
+log = logging.getLogger("deniable.aggregator")
 
 MAX_EPSILON0: Final = 20.0
 MIN_EPSILON0: Final = 1e-3
@@ -430,6 +436,8 @@ class AggregatorHandlers:
         # Held from picking a campaign's key until the campaign is stored, and by every key state
         # change: a sweep never sees a key as unused while a campaign sealed to it is being created.
         self._keys_lock = asyncio.Lock()
+        self.last_batch: dict[str, float] = {}
+        """When each campaign last had a batch ingested by this process (``Status``)."""
 
     def _signed(self, campaign: pb.Campaign) -> pb.Campaign:
         """The description as devices may see it: signed over its current content (so any change,
@@ -526,6 +534,54 @@ class AggregatorHandlers:
         await self.sweep_keys()
         return self._signed(campaign)
 
+    async def status(self) -> pb.StatusResponse:
+        """Operator summary: every campaign with its tallies and last batch, and the keys."""
+        now = self._clock()
+        rows = []
+        for campaign in await self.store.list_campaigns():
+            try:
+                snap = await self.store.snapshot(campaign.id, randomiser_for(campaign).count_cells)
+            except UnknownCampaign:  # deleted meanwhile
+                continue
+            rows.append(self._status_row(campaign, snap, now))
+        keys = (await self._key_listing()).keys
+        return pb.StatusResponse(version=version(), now_unix=now, campaigns=rows, keys=keys)
+
+    def _status_row(self, campaign: pb.Campaign, snap: CampaignCounts, now: float) -> pb.StatusCampaign:
+        rejected = [
+            pb.StatusRejection(reason=reason_label(reason), count=count)
+            for reason, count in sorted(snap.rejected.items())
+            if count
+        ]
+        return pb.StatusCampaign(
+            campaign=self._signed(campaign),
+            counted=snap.n,
+            batches=snap.batches,
+            smallest_batch=snap.smallest_batch,
+            rejected=rejected,
+            last_batch_unix=self.last_batch.get(campaign.id, 0.0),
+            closed=self._closed(campaign, now),
+        )
+
+    async def delete_campaign(
+        self, request: pb.StatusDeleteCampaignRequest
+    ) -> pb.StatusDeleteCampaignResponse:
+        """Remove a closed campaign and its counts; refused while its window is open (ADR 0021)."""
+        campaign = await self._campaign(request.campaign_id)
+        if not self._closed(campaign, self._clock()):
+            raise FailedPrecondition(
+                f"campaign {campaign.id!r} is open: close it (deniable campaign close), let the shufflers"
+                " forward what they hold, then delete it"
+            )
+        try:
+            counted, batches = await self.store.delete_campaign(campaign.id)
+        except UnknownCampaign:
+            raise NotFound(f"no campaign {campaign.id!r}") from None
+        self.last_batch.pop(campaign.id, None)
+        log.info("campaign deleted", extra={"campaign": campaign.id, "counted": counted, "batches": batches})
+        await self.sweep_keys()
+        return pb.StatusDeleteCampaignResponse(campaign_id=campaign.id, counted=counted, batches=batches)
+
     @staticmethod
     def _closed(campaign: pb.Campaign, now: float) -> bool:
         """Whether the campaign's window has ended (an open-ended campaign never has)."""
@@ -605,22 +661,24 @@ class AggregatorHandlers:
 
         self._check_batch_size(campaign, len(envelopes))
         randomiser = randomiser_for(campaign)
-        opened = await self._open(campaign, envelopes)
+        with self.metrics.decrypt_seconds.time():
+            opened = await self._open(campaign, envelopes)
         valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
         if randomiser.multi_message:
             await self._check_devices(campaign, randomiser, batch.batch_id, valid)
         try:
-            outcome = await self.store.ingest(
-                batch_id=batch.batch_id,
-                campaign_id=campaign.id,
-                digest=batch.digest,
-                batch_size=len(envelopes),
-                valid_reports=valid,
-                rejected=rejected,
-                count_cells=_counter(randomiser),
-                cells=randomiser.count_cells,
-                devices=randomiser.devices if randomiser.multi_message else None,
-            )
+            with self.metrics.commit_seconds.time():
+                outcome = await self.store.ingest(
+                    batch_id=batch.batch_id,
+                    campaign_id=campaign.id,
+                    digest=batch.digest,
+                    batch_size=len(envelopes),
+                    valid_reports=valid,
+                    rejected=rejected,
+                    count_cells=_counter(randomiser),
+                    cells=randomiser.count_cells,
+                    devices=randomiser.devices if randomiser.multi_message else None,
+                )
         except BatchConflict as exc:
             raise AlreadyExists(str(exc)) from None
         except UnknownCampaign:
@@ -628,6 +686,7 @@ class AggregatorHandlers:
         if outcome.duplicate_batch:
             return self._duplicate(batch, campaign.id, batch.digest)
         self.metrics.batch("ingested")
+        self.last_batch[campaign.id] = self._clock()
         self.metrics.counted(outcome.counted)
         self.metrics.rejected(outcome.rejected)
         return pb.IngestBatchResponse(

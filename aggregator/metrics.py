@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
-from deniable.core.metrics import ServiceMetrics
+from deniable.core.metrics import ServiceMetrics, reason_label, reject_reasons, service_rpcs
 from deniable.v1 import deniable_pb2 as pb
+
+BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Seconds, for work on a whole batch (up to tens of thousands of reports)."""
 
 
 def reason_name(reason: int) -> str:
     """Lower-case RejectReason name (the value itself if the enum does not know it)."""
-    try:
-        return pb.RejectReason.Name(reason).lower()  # type: ignore[arg-type]
-    except ValueError:
-        return str(reason)
+    return reason_label(reason)
 
 
 class AggregatorMetrics(ServiceMetrics):
@@ -27,7 +27,20 @@ class AggregatorMetrics(ServiceMetrics):
 
     def __init__(self) -> None:
         """Create the counters in a fresh registry."""
-        super().__init__()
+        super().__init__("aggregator")
+        self.preinitialise(service_rpcs(pb.DESCRIPTOR.services_by_name["Aggregator"]))
+        self.decrypt_seconds = Histogram(
+            "deniable_aggregator_decrypt_duration_seconds",
+            "Decrypting one batch (all its reports, over the worker processes).",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "deniable_aggregator_commit_duration_seconds",
+            "The one store transaction that adds a batch to the counts.",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
         self.reports_counted = Counter(
             "deniable_aggregator_reports_counted",
             "Reports decrypted, validated and added to the counts.",
@@ -45,6 +58,10 @@ class AggregatorMetrics(ServiceMetrics):
             ["outcome"],
             registry=self.registry,
         )
+        for reason in reject_reasons():
+            self.reports_rejected.labels(reason=reason)
+        for outcome in ("ingested", "duplicate", "refused"):
+            self.batches.labels(outcome=outcome)
         self.operator_actions = Counter(
             "deniable_aggregator_operator_actions",
             "Recorded operator actions on campaigns (close_campaign, release_below_n_min).",

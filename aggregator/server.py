@@ -81,6 +81,8 @@ class AggregatorConfig:
     """How long a taken batch stays unacknowledged before JetStream gives it to another worker."""
     key_group: int | None = None
     """Accept key files shared with this group (the pod's fsGroup, ADR 0020); None: owner-only."""
+    config_source: str = "library call"
+    """Where these settings came from (file, environment, flags), for the start-up log line."""
 
 
 @dataclass
@@ -197,6 +199,7 @@ async def _serve(
         config.max_message_bytes,
         interceptors=[guard],
         on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc(),
+        record_request=metrics.observe_request,
     )
     pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
     health_servicer = await add_health(
@@ -280,8 +283,12 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
             raise
     if config.insecure:
         warn_open("the aggregator")
+    tls = "mutual TLS" if config.tls else "plaintext (insecure)"
     log.info(
-        "aggregator listening",
+        "aggregator listening on %s (%s; config: %s)",
+        address,
+        tls,
+        config.config_source,
         extra={"address": address, "pid": os.getpid(), "tls": "mutual" if config.tls else "none"},
     )
     return RunningAggregator(

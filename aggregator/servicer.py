@@ -126,6 +126,20 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         """End a campaign's window now; the description is re-signed."""
         return await self._call("CloseCampaign", context, self._handlers.close_campaign(request))
 
+    async def Status(  # noqa: N802 (gRPC method name)
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext[object, pb.StatusResponse]
+    ) -> pb.StatusResponse:
+        """Operator summary: campaigns, tallies, rejections by reason, keys."""
+        return await self._call("Status", context, self._handlers.status())
+
+    async def DeleteCampaign(  # noqa: N802 (gRPC method name)
+        self,
+        request: pb.StatusDeleteCampaignRequest,
+        context: grpc.aio.ServicerContext[object, pb.StatusDeleteCampaignResponse],
+    ) -> pb.StatusDeleteCampaignResponse:
+        """Remove a closed campaign and everything counted for it."""
+        return await self._call("DeleteCampaign", context, self._handlers.delete_campaign(request))
+
     async def ReleaseBelowNMin(  # noqa: N802 (gRPC method name)
         self, request: pb.ReleaseBelowNMinRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
     ) -> pb.Campaign:

@@ -66,6 +66,10 @@ class IngestOutcome:
     rejected: dict[int, int] = field(default_factory=dict)
 
 
+DELETED_WITH_CAMPAIGN: Final = ("counts", "rejections", "batches", "seen_reports")
+"""Tables keyed by a campaign's ``seq``: emptied of it when the campaign is deleted."""
+
+
 @dataclass(frozen=True)
 class CampaignCounts:
     """A consistent snapshot of one campaign's tallies."""
@@ -98,6 +102,11 @@ class AggregatorStore(Protocol):
 
     async def find_batch(self, batch_id: str) -> BatchRecord | None:
         """The record of an already ingested batch, or None (a cheap pre-check before decrypting)."""
+        ...
+
+    async def delete_campaign(self, campaign_id: str) -> tuple[int, int]:
+        """Remove a campaign with its counts, rejections, batches and seen report ids in one
+        transaction: (reports counted, batches) it had; UnknownCampaign if there is none."""
         ...
 
     async def ingest(
@@ -270,6 +279,20 @@ class SqliteAggregatorStore:
                 raise UnknownCampaign(campaign.id)
 
         await self._run(lambda: self._transaction(work, write=True))
+
+    async def delete_campaign(self, campaign_id: str) -> tuple[int, int]:
+        """Remove a campaign and everything counted for it, atomically: (counted, batches)."""
+
+        def work(db: sqlite3.Connection) -> tuple[int, int]:
+            row = db.execute("SELECT seq, n, batches FROM campaigns WHERE id = ?", (campaign_id,)).fetchone()
+            if row is None:
+                raise UnknownCampaign(campaign_id)
+            for table in DELETED_WITH_CAMPAIGN:
+                db.execute(f"DELETE FROM {table} WHERE campaign = ?", (row[0],))  # noqa: S608 - fixed names
+            db.execute("DELETE FROM campaigns WHERE seq = ?", (row[0],))
+            return int(row[1]), int(row[2])
+
+        return await self._run(lambda: self._transaction(work, write=True))
 
     async def find_batch(self, batch_id: str) -> BatchRecord | None:
         """The record of an already ingested batch, or None."""

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deniable.aggregator.store import (
+    DELETED_WITH_CAMPAIGN,
     DUPLICATE_REPORT,
     BatchConflict,
     BatchRecord,
@@ -238,6 +239,19 @@ class PostgresAggregatorStore:
         )
         if status != "UPDATE 1":
             raise UnknownCampaign(campaign.id)
+
+    async def delete_campaign(self, campaign_id: str) -> tuple[int, int]:
+        """Remove a campaign and everything counted for it, atomically: (counted, batches)."""
+        async with self._open_pool().acquire() as connection, connection.transaction():
+            row = await connection.fetchrow(
+                "SELECT seq, n, batches FROM campaigns WHERE id = $1 FOR UPDATE", campaign_id
+            )
+            if row is None:
+                raise UnknownCampaign(campaign_id)
+            for table in DELETED_WITH_CAMPAIGN:
+                await connection.execute(f"DELETE FROM {table} WHERE campaign = $1", row[0])  # noqa: S608
+            await connection.execute("DELETE FROM campaigns WHERE seq = $1", row[0])
+        return int(row[1]), int(row[2])
 
     async def find_batch(self, batch_id: str) -> BatchRecord | None:
         """The record of an already ingested batch, or None."""

@@ -220,6 +220,16 @@ class SinkAggregator(pb_grpc.AggregatorServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
         raise AssertionError("abort returned")
 
+    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
+    async def DeleteCampaign(  # noqa: N802
+        self, request: pb.StatusDeleteCampaignRequest, context: Any
+    ) -> pb.StatusDeleteCampaignResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
     async def IngestBatch(self, request: pb.ShuffledBatch, context: Any) -> pb.IngestBatchResponse:  # noqa: N802
         self.batches += 1
         self.reports += len(request.reports)

@@ -127,7 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="deniable", description="Private telemetry in the shuffle model of DP."
     )
-    parser.add_argument("--log-level", default="warning", help="service log level (default: warning)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the whole pipeline on loopback with simulated devices")
@@ -403,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in _command_modules():
         module.register(sub)
+    from deniable.cli import config
+    from deniable.core.build import version
+
+    config.install(parser, version())
     return parser
 
 
@@ -628,6 +631,7 @@ def _run(args: argparse.Namespace) -> int:
                     key_drain_s=args.key_drain_s,
                     nats=args.nats,
                     nats_ack_wait_s=args.nats_ack_wait,
+                    config_source=_source(args),
                 )
             )
         )
@@ -651,6 +655,7 @@ def _run(args: argparse.Namespace) -> int:
                     upstream_ca=args.upstream_ca,
                     quota_per_source=args.quota_per_source,
                     quota_window_s=args.quota_window,
+                    config_source=_source(args),
                 )
             )
         )
@@ -805,6 +810,12 @@ def _run(args: argparse.Namespace) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+def _source(args: argparse.Namespace) -> str:
+    """Where a service's settings came from (file, environment, flags), for its start-up log."""
+    source = getattr(args, "config_source", None)
+    return "flags" if source is None else str(source.describe())
+
+
 def _key_row(k: pb.KeyInfo) -> dict[str, Any]:
     return {
         "key_id": k.key_id,
@@ -893,10 +904,13 @@ def _main(argv: Sequence[str] | None) -> int:
     """Parse arguments, run, and turn known failures into one-line errors."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from deniable.cli import config
     from deniable.core.logs import configure_logging
 
-    configure_logging(args.log_level)
+    configure_logging(*config.log_settings(args))
     try:
+        args.config_source = config.resolve(parser, argv, args)
+        configure_logging(*config.log_settings(args))
         status = _run(args)
         sys.stdout.flush()  # a closed pipe fails here, inside the handlers below, not at exit
         return status

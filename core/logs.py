@@ -5,18 +5,25 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Final
 
-_RESERVED = set(vars(logging.makeLogRecord({})))
+_RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+FORMATS: Final = ("json", "text")
+LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+
+
+def timestamp(created: float) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-11-26T01:02:03.456Z``."""
+    return datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and any ``extra`` fields."""
+    """One JSON object per line: time (ms), level, logger, message and any ``extra`` fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created)),
+            "ts": timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -27,13 +34,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """``ts LEVEL logger: message`` with millisecond UTC timestamps, for people at a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{timestamp(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
+        return line + ("\n" + self.formatException(record.exc_info) if record.exc_info else "")
+
+
 def configure_logging(level: str = "info", json_lines: bool = True) -> None:
-    """Send the ``deniable`` loggers to stderr, as JSON lines unless ``json_lines`` is False."""
+    """Send every logger (the root, so grpc, asyncio and libraries too) to stderr, as JSON lines
+    unless ``json_lines`` is False; ``deniable`` loggers at ``level``, others at WARNING or above."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if json_lines else logging.Formatter("%(levelname)s %(name)s: %(message)s")
-    )
-    root = logging.getLogger("deniable")
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    root.setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
+    ours = logging.getLogger("deniable")
+    ours.handlers[:] = []
+    ours.setLevel(level.upper())
+    ours.propagate = True

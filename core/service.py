@@ -39,11 +39,18 @@ def new_server(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     on_malformed: Callable[[str], None] | None = None,
+    record_request: Callable[[str, str, float], None] | None = None,
 ) -> grpc.aio.Server:
     """A grpc.aio server with explicit size limits (larger requests get RESOURCE_EXHAUSTED), one
-    port per server (SO_REUSEPORT off), bounded concurrency, malformed requests INVALID_ARGUMENT."""
+    port per server (SO_REUSEPORT off), bounded concurrency, malformed requests INVALID_ARGUMENT;
+    ``record_request(rpc, code, seconds)`` sees every call, refused ones included."""
+    outer: list[grpc.aio.ServerInterceptor] = []
+    if record_request is not None:
+        from deniable.core.metrics import RequestMetricsInterceptor
+
+        outer.append(RequestMetricsInterceptor(record_request))
     return grpc.aio.server(
-        interceptors=[MalformedRequestInterceptor(on_malformed), *interceptors],
+        interceptors=[*outer, MalformedRequestInterceptor(on_malformed), *interceptors],
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", max_message_bytes),

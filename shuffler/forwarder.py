@@ -231,13 +231,15 @@ class Forwarder:
             if wire is None:
                 return None, None
             size = wire[1]
-            code = await self._send_wire(batch_id, wire[0])
+            with self._metrics.forward_seconds.time():
+                code = await self._send_wire(batch_id, wire[0])
         else:
             record = await asyncio.to_thread(self._store.load_batch, batch_id)
             if record is None:
                 return None, None
             size = len(record.reports)
-            code = await self._send(record)
+            with self._metrics.forward_seconds.time():
+                code = await self._send(record)
         if code is None:
             await asyncio.to_thread(self._store.delete_batch, batch_id)
         return size, code

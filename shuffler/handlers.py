@@ -16,6 +16,7 @@ from typing import Final
 
 from google.protobuf.message import DecodeError
 
+from deniable.core.metrics import reason_label
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
 from deniable.shuffler.errors import InvalidRequest, NotFound, QuotaExceeded, ShufflerError, Unavailable
@@ -173,7 +174,7 @@ class ShufflerHandlers:
         response.accepted = len(columns)
         self._metrics.reports_accepted.inc(len(columns))
         for reason, rejected in Counter(r.reason for r in response.rejected).items():
-            self._metrics.reports_rejected.labels(reason=pb.RejectReason.Name(reason)).inc(rejected)
+            self._metrics.reports_rejected.labels(reason=reason_label(reason)).inc(rejected)
         return response
 
     async def _spool(
@@ -202,7 +203,8 @@ class ShufflerHandlers:
     async def _append(self, columns: ColumnReports) -> None:
         """Append durably; a write that fails (disk full) is UNAVAILABLE and marks the spool unwritable."""
         try:
-            await asyncio.to_thread(self.store.append, columns)
+            with self._metrics.commit_seconds.time():
+                await asyncio.to_thread(self.store.append, columns)
         except (OSError, sqlite3.Error) as exc:
             self.spool_failure = f"the spool cannot be written: {type(exc).__name__}: {str(exc)[:200]}"
             log.error("%s", self.spool_failure)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
-from deniable.core.metrics import ServiceMetrics
+from deniable.core.metrics import ServiceMetrics, reject_reasons, service_rpcs
+from deniable.v1 import deniable_pb2 as pb
+
+BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Seconds, for a spool commit or a whole batch's round trip to the aggregator."""
 
 
 class ShufflerMetrics(ServiceMetrics):
@@ -12,7 +16,20 @@ class ShufflerMetrics(ServiceMetrics):
 
     def __init__(self) -> None:
         """Create every metric in a fresh registry."""
-        super().__init__()
+        super().__init__("shuffler")
+        self.preinitialise(service_rpcs(pb.DESCRIPTOR.services_by_name["Shuffler"]))
+        self.forward_seconds = Histogram(
+            "deniable_shuffler_forward_duration_seconds",
+            "One IngestBatch round trip to the aggregator (acknowledged or not).",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "deniable_shuffler_spool_commit_duration_seconds",
+            "One durable spool append (fsync included) before a request is acknowledged.",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
         self.reports_accepted = Counter(
             "deniable_shuffler_reports_accepted",
             "Reports durably spooled.",
@@ -24,6 +41,8 @@ class ShufflerMetrics(ServiceMetrics):
             ["reason"],
             registry=self.registry,
         )
+        for reason in reject_reasons():
+            self.reports_rejected.labels(reason=reason)
         self.batches_forwarded = Counter(
             "deniable_shuffler_batches_forwarded",
             "Batches acknowledged by the aggregator.",

@@ -105,6 +105,8 @@ class ShufflerConfig:
     """NOT_SERVING while the upstream has not answered as an aggregator for this long (or ever)."""
     health_interval_s: float = 1.0
     """How often health re-checks the spool directory and the upstream."""
+    config_source: str = "library call"
+    """Where these settings came from (file, environment, flags), for the start-up log line."""
 
 
 @dataclass
@@ -229,6 +231,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         config.max_message_bytes,
         interceptors=[guard, RawSubmitInterceptor()],
         on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
+        record_request=metrics.observe_request,
     )
     monitor: HealthMonitor | None = None
     try:
@@ -316,8 +319,13 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     )
     if config.insecure:
         warn_open("the shuffler")
+    tls = "TLS, operators mutual TLS" if config.tls else "plaintext (insecure)"
     log.info(
-        "shuffler listening",
+        "shuffler listening on %s (%s; operator port %s; config: %s)",
+        address,
+        tls,
+        operator_address or "none",
+        config.config_source,
         extra={
             "address": address,
             "operator_address": operator_address,

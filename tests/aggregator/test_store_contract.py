@@ -315,3 +315,29 @@ async def test_one_batch_id_raced_into_two_campaigns(open_store: StoreOpener) ->
     assert record is not None and record.campaign_id == won
     totals = [(await first.snapshot(c, CELLS)).n for c in ("c1", "c2")]
     assert totals == ([100, 0] if won == "c1" else [0, 100])
+
+
+async def test_delete_campaign_removes_it_and_everything_counted(store: AggregatorStore) -> None:
+    """Deleted: gone from listings, counts, batches and seen report ids; others untouched; the id
+    can be reused from zero (issue 11, ADR 0021)."""
+    await store.create_campaign(campaign("c1"))
+    await store.create_campaign(campaign("c2"))
+    shared = reports([0, 1, 2])
+    await ingest(store, "b1", shared, rejected={UNDECRYPTABLE: 1})
+    await ingest(store, "b2", reports([1]))
+    await ingest(store, "b3", shared, campaign_id="c2")
+    assert await store.delete_campaign("c1") == (4, 2)
+    assert [c.id for c in await store.list_campaigns()] == ["c2"]
+    assert await store.get_campaign("c1") is None
+    assert await store.find_batch("b1") is None
+    with pytest.raises(UnknownCampaign):
+        await store.snapshot("c1", CELLS)
+    with pytest.raises(UnknownCampaign):
+        await store.delete_campaign("c1")
+    other = await store.snapshot("c2", CELLS)
+    assert (other.n, other.counts, other.batches) == (3, [1, 1, 1], 1)
+    await store.create_campaign(campaign("c1"))
+    again = await ingest(store, "b1", shared)  # same batch id and report ids: counted afresh
+    assert (again.counted, again.duplicate_batch) == (3, False)
+    fresh = await store.snapshot("c1", CELLS)
+    assert (fresh.n, fresh.rejected, fresh.batches) == (3, {}, 1)

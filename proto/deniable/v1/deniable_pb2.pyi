@@ -1189,3 +1189,149 @@ class ManipulationBudget(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["computed", b"computed", "fake_reports", b"fake_reports", "lower_per_report", b"lower_per_report", "max_lower", b"max_lower", "max_raise", b"max_raise", "note", b"note", "raise_per_report", b"raise_per_report", "rule", b"rule"]) -> None: ...
 
 Global___ManipulationBudget: typing_extensions.TypeAlias = ManipulationBudget
+
+@typing.final
+class StatusRequest(google.protobuf.message.Message):
+    """--- ops ---
+
+    Operator summary of the aggregator (`deniable status`, ADR 0021).
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+
+Global___StatusRequest: typing_extensions.TypeAlias = StatusRequest
+
+@typing.final
+class StatusRejection(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: builtins.int
+    COUNT_FIELD_NUMBER: builtins.int
+    reason: builtins.str
+    """lower-case RejectReason name, as in the metrics"""
+    count: builtins.int
+    def __init__(
+        self,
+        *,
+        reason: builtins.str = ...,
+        count: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["count", b"count", "reason", b"reason"]) -> None: ...
+
+Global___StatusRejection: typing_extensions.TypeAlias = StatusRejection
+
+@typing.final
+class StatusCampaign(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CAMPAIGN_FIELD_NUMBER: builtins.int
+    COUNTED_FIELD_NUMBER: builtins.int
+    BATCHES_FIELD_NUMBER: builtins.int
+    SMALLEST_BATCH_FIELD_NUMBER: builtins.int
+    REJECTED_FIELD_NUMBER: builtins.int
+    LAST_BATCH_UNIX_FIELD_NUMBER: builtins.int
+    CLOSED_FIELD_NUMBER: builtins.int
+    counted: builtins.int
+    """reports counted"""
+    batches: builtins.int
+    """shuffled batches ingested"""
+    smallest_batch: builtins.int
+    last_batch_unix: builtins.float
+    """last batch ingested since this process started (0: none)"""
+    closed: builtins.bool
+    """the collection window has ended"""
+    @property
+    def campaign(self) -> Global___Campaign:
+        """the descriptor (n_min, expected_n = batch target, window, key id)"""
+
+    @property
+    def rejected(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___StatusRejection]:
+        """reports received but not counted, by reason"""
+
+    def __init__(
+        self,
+        *,
+        campaign: Global___Campaign | None = ...,
+        counted: builtins.int = ...,
+        batches: builtins.int = ...,
+        smallest_batch: builtins.int = ...,
+        rejected: collections.abc.Iterable[Global___StatusRejection] | None = ...,
+        last_batch_unix: builtins.float = ...,
+        closed: builtins.bool = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["campaign", b"campaign"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["batches", b"batches", "campaign", b"campaign", "closed", b"closed", "counted", b"counted", "last_batch_unix", b"last_batch_unix", "rejected", b"rejected", "smallest_batch", b"smallest_batch"]) -> None: ...
+
+Global___StatusCampaign: typing_extensions.TypeAlias = StatusCampaign
+
+@typing.final
+class StatusResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: builtins.int
+    NOW_UNIX_FIELD_NUMBER: builtins.int
+    CAMPAIGNS_FIELD_NUMBER: builtins.int
+    KEYS_FIELD_NUMBER: builtins.int
+    version: builtins.str
+    """the aggregator's build"""
+    now_unix: builtins.float
+    @property
+    def campaigns(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___StatusCampaign]: ...
+    @property
+    def keys(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___KeyInfo]: ...
+    def __init__(
+        self,
+        *,
+        version: builtins.str = ...,
+        now_unix: builtins.float = ...,
+        campaigns: collections.abc.Iterable[Global___StatusCampaign] | None = ...,
+        keys: collections.abc.Iterable[Global___KeyInfo] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaigns", b"campaigns", "keys", b"keys", "now_unix", b"now_unix", "version", b"version"]) -> None: ...
+
+Global___StatusResponse: typing_extensions.TypeAlias = StatusResponse
+
+@typing.final
+class StatusDeleteCampaignRequest(google.protobuf.message.Message):
+    """Remove a campaign and everything counted for it. Refused (FAILED_PRECONDITION) while its window is
+    open: close it first, let shufflers drain, then delete (ADR 0021).
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    def __init__(
+        self,
+        *,
+        campaign_id: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id"]) -> None: ...
+
+Global___StatusDeleteCampaignRequest: typing_extensions.TypeAlias = StatusDeleteCampaignRequest
+
+@typing.final
+class StatusDeleteCampaignResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    COUNTED_FIELD_NUMBER: builtins.int
+    BATCHES_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    counted: builtins.int
+    """reports whose counts were removed"""
+    batches: builtins.int
+    def __init__(
+        self,
+        *,
+        campaign_id: builtins.str = ...,
+        counted: builtins.int = ...,
+        batches: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batches", b"batches", "campaign_id", b"campaign_id", "counted", b"counted"]) -> None: ...
+
+Global___StatusDeleteCampaignResponse: typing_extensions.TypeAlias = StatusDeleteCampaignResponse

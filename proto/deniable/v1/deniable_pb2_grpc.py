@@ -341,6 +341,16 @@ class AggregatorStub(object):
                 request_serializer=deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.SerializeToString,
                 response_deserializer=deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/deniable.v1.Aggregator/Status',
+                request_serializer=deniable_dot_v1_dot_deniable__pb2.StatusRequest.SerializeToString,
+                response_deserializer=deniable_dot_v1_dot_deniable__pb2.StatusResponse.FromString,
+                _registered_method=True)
+        self.DeleteCampaign = channel.unary_unary(
+                '/deniable.v1.Aggregator/DeleteCampaign',
+                request_serializer=deniable_dot_v1_dot_deniable__pb2.StatusDeleteCampaignRequest.SerializeToString,
+                response_deserializer=deniable_dot_v1_dot_deniable__pb2.StatusDeleteCampaignResponse.FromString,
+                _registered_method=True)
 
 
 class AggregatorServicer(object):
@@ -416,6 +426,19 @@ class AggregatorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """--- ops ---
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCampaign(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -473,6 +496,16 @@ def add_AggregatorServicer_to_server(servicer, server):
                     servicer.ReleaseBelowNMin,
                     request_deserializer=deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.FromString,
                     response_serializer=deniable_dot_v1_dot_deniable__pb2.Campaign.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.StatusRequest.FromString,
+                    response_serializer=deniable_dot_v1_dot_deniable__pb2.StatusResponse.SerializeToString,
+            ),
+            'DeleteCampaign': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCampaign,
+                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.StatusDeleteCampaignRequest.FromString,
+                    response_serializer=deniable_dot_v1_dot_deniable__pb2.StatusDeleteCampaignResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -772,6 +805,60 @@ class Aggregator(object):
             '/deniable.v1.Aggregator/ReleaseBelowNMin',
             deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.SerializeToString,
             deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deniable.v1.Aggregator/Status',
+            deniable_dot_v1_dot_deniable__pb2.StatusRequest.SerializeToString,
+            deniable_dot_v1_dot_deniable__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCampaign(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deniable.v1.Aggregator/DeleteCampaign',
+            deniable_dot_v1_dot_deniable__pb2.StatusDeleteCampaignRequest.SerializeToString,
+            deniable_dot_v1_dot_deniable__pb2.StatusDeleteCampaignResponse.FromString,
             options,
             channel_credentials,
             insecure,

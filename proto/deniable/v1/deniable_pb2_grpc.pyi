@@ -409,7 +409,39 @@ _AggregatorReleaseBelowNMinType = typing_extensions.TypeVar(
     ],
 )
 
-class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorRotateKeyType, _AggregatorDestroyKeyType, _AggregatorCloseCampaignType, _AggregatorReleaseBelowNMinType]):
+_AggregatorStatusType = typing_extensions.TypeVar(
+    '_AggregatorStatusType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.StatusRequest,
+        deniable.v1.deniable_pb2.StatusResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.StatusRequest,
+        deniable.v1.deniable_pb2.StatusResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.StatusRequest,
+        deniable.v1.deniable_pb2.StatusResponse,
+    ],
+)
+
+_AggregatorDeleteCampaignType = typing_extensions.TypeVar(
+    '_AggregatorDeleteCampaignType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.StatusDeleteCampaignRequest,
+        deniable.v1.deniable_pb2.StatusDeleteCampaignResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.StatusDeleteCampaignRequest,
+        deniable.v1.deniable_pb2.StatusDeleteCampaignResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.StatusDeleteCampaignRequest,
+        deniable.v1.deniable_pb2.StatusDeleteCampaignResponse,
+    ],
+)
+
+class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorRotateKeyType, _AggregatorDestroyKeyType, _AggregatorCloseCampaignType, _AggregatorReleaseBelowNMinType, _AggregatorStatusType, _AggregatorDeleteCampaignType]):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
 
     @typing.overload
@@ -457,6 +489,14 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
         grpc.UnaryUnaryMultiCallable[
             deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
             deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.StatusRequest,
+            deniable.v1.deniable_pb2.StatusResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.StatusDeleteCampaignRequest,
+            deniable.v1.deniable_pb2.StatusDeleteCampaignResponse,
         ],
     ], channel: grpc.Channel) -> None: ...
 
@@ -506,6 +546,14 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
             deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
             deniable.v1.deniable_pb2.Campaign,
         ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.StatusRequest,
+            deniable.v1.deniable_pb2.StatusResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.StatusDeleteCampaignRequest,
+            deniable.v1.deniable_pb2.StatusDeleteCampaignResponse,
+        ],
     ], channel: grpc.aio.Channel) -> None: ...
 
     CreateCampaign: _AggregatorCreateCampaignType
@@ -532,6 +580,11 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
 
     ReleaseBelowNMin: _AggregatorReleaseBelowNMinType
     """--- batch --- (operator only)"""
+
+    Status: _AggregatorStatusType
+    """--- ops ---"""
+
+    DeleteCampaign: _AggregatorDeleteCampaignType
 
 AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
     grpc.aio.UnaryUnaryMultiCallable[
@@ -577,6 +630,14 @@ AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
     grpc.aio.UnaryUnaryMultiCallable[
         deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
         deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.StatusRequest,
+        deniable.v1.deniable_pb2.StatusResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.StatusDeleteCampaignRequest,
+        deniable.v1.deniable_pb2.StatusDeleteCampaignResponse,
     ],
 ]
 
@@ -662,5 +723,20 @@ class AggregatorServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]:
         """--- batch --- (operator only)"""
+
+    @abc.abstractmethod
+    def Status(
+        self,
+        request: deniable.v1.deniable_pb2.StatusRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.StatusResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.StatusResponse]]:
+        """--- ops ---"""
+
+    @abc.abstractmethod
+    def DeleteCampaign(
+        self,
+        request: deniable.v1.deniable_pb2.StatusDeleteCampaignRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.StatusDeleteCampaignResponse, collections.abc.Awaitable[deniable.v1.deniable_pb2.StatusDeleteCampaignResponse]]: ...
 
 def add_AggregatorServicer_to_server(servicer: AggregatorServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...
