@@ -319,7 +319,7 @@ class Pipeline:
         )
         await self.aggregator.start()
         o = self.options
-        self.to_aggregator = DropProxy(agg_port, o.drop_request, o.drop_response, self.chooser)
+        self.to_aggregator = DropProxy(agg_port, o.drop_request, o.drop_response, simulation_random.Random(o.seed + 1))
         await self.to_aggregator.start()
         self.shuffler = Service(
             "shuffler",
@@ -330,7 +330,7 @@ class Pipeline:
             address=f"127.0.0.1:{shuf_port}",
         )
         await self.shuffler.start()
-        self.to_shuffler = DropProxy(shuf_port, o.drop_request, o.drop_response, self.chooser)
+        self.to_shuffler = DropProxy(shuf_port, o.drop_request, o.drop_response, simulation_random.Random(o.seed + 2))
         await self.to_shuffler.start()
         async with insecure_channel(self.aggregator.address or "") as channel:
             self.campaign = await pb_grpc.AggregatorStub(channel).CreateCampaign(
