@@ -63,7 +63,9 @@ async def drive(args: argparse.Namespace) -> int:
             chunk = min(args.chunk, args.reports - recorded)
             reporter.record_many([(recorded + i) % 2 for i in range(chunk)])
         try:
-            await reporter.send_pending(batch_size=args.batch, max_attempts=4, base_delay_s=0.02, max_delay_s=0.3)
+            await reporter.send_pending(
+                batch_size=args.batch, max_attempts=4, base_delay_s=0.02, max_delay_s=0.3
+            )
         except TransportError as exc:  # non-retryable (e.g. a cut stream): the batch stays queued
             print(f"device: {exc.message}", file=sys.stderr, flush=True)
             await asyncio.sleep(0.05)

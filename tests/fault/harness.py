@@ -312,25 +312,50 @@ class Pipeline:
         agg_port, shuf_port = free_port(), free_port()
         self.aggregator = Service(
             "aggregator",
-            [*CLI, "aggregator", "serve", "--insecure", "--data-dir", str(self.root / "agg"),
-             "--listen", f"127.0.0.1:{agg_port}", "--decrypt-workers", "1"],
+            [
+                *CLI,
+                "aggregator",
+                "serve",
+                "--insecure",
+                "--data-dir",
+                str(self.root / "agg"),
+                "--listen",
+                f"127.0.0.1:{agg_port}",
+                "--decrypt-workers",
+                "1",
+            ],
             self.root / "aggregator.log",
             address=f"127.0.0.1:{agg_port}",
         )
         await self.aggregator.start()
         o = self.options
-        self.to_aggregator = DropProxy(agg_port, o.drop_request, o.drop_response, simulation_random.Random(o.seed + 1))
+        self.to_aggregator = DropProxy(
+            agg_port, o.drop_request, o.drop_response, simulation_random.Random(o.seed + 1)
+        )
         await self.to_aggregator.start()
         self.shuffler = Service(
             "shuffler",
-            [*CLI, "shuffler", "serve", "--insecure", "--data-dir", str(self.root / "shuf"),
-             "--listen", f"127.0.0.1:{shuf_port}", "--upstream", self.to_aggregator.address,
-             "--quota-per-source", "0"],
+            [
+                *CLI,
+                "shuffler",
+                "serve",
+                "--insecure",
+                "--data-dir",
+                str(self.root / "shuf"),
+                "--listen",
+                f"127.0.0.1:{shuf_port}",
+                "--upstream",
+                self.to_aggregator.address,
+                "--quota-per-source",
+                "0",
+            ],
             self.root / "shuffler.log",
             address=f"127.0.0.1:{shuf_port}",
         )
         await self.shuffler.start()
-        self.to_shuffler = DropProxy(shuf_port, o.drop_request, o.drop_response, simulation_random.Random(o.seed + 2))
+        self.to_shuffler = DropProxy(
+            shuf_port, o.drop_request, o.drop_response, simulation_random.Random(o.seed + 2)
+        )
         await self.to_shuffler.start()
         async with insecure_channel(self.aggregator.address or "") as channel:
             self.campaign = await pb_grpc.AggregatorStub(channel).CreateCampaign(
@@ -341,9 +366,23 @@ class Pipeline:
             )
         self.device = Service(
             "device",
-            [*DEVICE, "--outbox", str(self.root / "outbox.sqlite3"), "--shuffler", self.to_shuffler.address,
-             "--campaign", self.campaign.id, "--reports", str(o.reports), "--give-up-s", str(o.give_up_s),
-             "--rate", str(o.rate()), "--chunk", str(max(20, o.reports // 200))],
+            [
+                *DEVICE,
+                "--outbox",
+                str(self.root / "outbox.sqlite3"),
+                "--shuffler",
+                self.to_shuffler.address,
+                "--campaign",
+                self.campaign.id,
+                "--reports",
+                str(o.reports),
+                "--give-up-s",
+                str(o.give_up_s),
+                "--rate",
+                str(o.rate()),
+                "--chunk",
+                str(max(20, o.reports // 200)),
+            ],
             self.root / "device.log",
         )
         await self.device.start()
@@ -392,9 +431,16 @@ class Pipeline:
             await asyncio.sleep(0.3)
         raise HarnessError("the shuffler's spool never drained")
 
-    def stop(self) -> None:
-        for service in (self.device, self.shuffler, self.aggregator):
-            service.stop()
+    async def stop(self) -> None:
+        """Stop whatever was started (a failed start leaves some attributes unset)."""
+        for name in ("device", "shuffler", "aggregator"):
+            service = getattr(self, name, None)
+            if service is not None:
+                service.stop()
+        for name in ("to_shuffler", "to_aggregator"):
+            proxy = getattr(self, name, None)
+            if proxy is not None:
+                await proxy.close()
 
 
 def acknowledged_ids(root: Path, campaign: pb.Campaign) -> tuple[set[bytes], int]:
@@ -418,7 +464,9 @@ def counted_ids(root: Path, campaign_id: str) -> tuple[set[bytes], int]:
     """Report ids in the aggregator's dedupe table, and the campaign's counted total n."""
     with sqlite3.connect(root / "agg" / DATABASE_FILE) as db:
         seq, n = db.execute("SELECT seq, n FROM campaigns WHERE id = ?", (campaign_id,)).fetchone()
-        ids = {bytes(r) for (r,) in db.execute("SELECT report_id FROM seen_reports WHERE campaign = ?", (seq,))}
+        ids = {
+            bytes(r) for (r,) in db.execute("SELECT report_id FROM seen_reports WHERE campaign = ?", (seq,))
+        }
         total = sum(c for (c,) in db.execute("SELECT count FROM counts WHERE campaign = ?", (seq,)))
     assert total == n, f"counts sum {total} != campaign n {n}"
     return ids, int(n)
@@ -440,9 +488,7 @@ async def run(root: Path, options: Options, progress: Callable[[str], None] | No
                     progress(f"kills={sum(kills.values())} {kills}")
         await pipeline.drain()
     finally:
-        pipeline.stop()
-        await pipeline.to_shuffler.close() if hasattr(pipeline, "to_shuffler") else None
-        await pipeline.to_aggregator.close() if hasattr(pipeline, "to_aggregator") else None
+        await pipeline.stop()
     await asyncio.sleep(1.0)
     seen = pipeline.aggregator.seen | pipeline.shuffler.seen | pipeline.device.seen
     acked, queued = acknowledged_ids(root, pipeline.campaign)

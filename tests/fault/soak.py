@@ -9,7 +9,8 @@ per service, the second-quarter and last-quarter medians and whether the last is
 the second ("flat"), then the load test's acknowledged and counted totals. A restarted process
 starts small, so medians mix fresh and old processes alike; a leak that survives restarts (files,
 spool, sockets) or grows inside the long-lived aggregator process still shows. Exit 1 if anything
-acknowledged was not counted or a measure was not flat.
+acknowledged was not counted, more was counted than sent, or a measure was not flat. (The load
+test sends pre-sealed reports and keeps only counts; report-level identity is the harness's job.)
 """
 
 from __future__ import annotations
@@ -111,15 +112,39 @@ async def soak(root: Path, minutes: float, rate: float, kill_every: float, seed:
     agg_port, shuf_port = harness.free_port(), harness.free_port()
     aggregator = harness.Service(
         "aggregator",
-        [*harness.CLI, "aggregator", "serve", "--insecure", "--data-dir", str(root / "agg"),
-         "--listen", f"127.0.0.1:{agg_port}", "--decrypt-workers", "1"],
-        root / "aggregator.log", address=f"127.0.0.1:{agg_port}",
+        [
+            *harness.CLI,
+            "aggregator",
+            "serve",
+            "--insecure",
+            "--data-dir",
+            str(root / "agg"),
+            "--listen",
+            f"127.0.0.1:{agg_port}",
+            "--decrypt-workers",
+            "1",
+        ],
+        root / "aggregator.log",
+        address=f"127.0.0.1:{agg_port}",
     )
     shuffler = harness.Service(
         "shuffler",
-        [*harness.CLI, "shuffler", "serve", "--insecure", "--data-dir", str(root / "shuf"),
-         "--listen", f"127.0.0.1:{shuf_port}", "--upstream", f"127.0.0.1:{agg_port}", "--quota-per-source", "0"],
-        root / "shuffler.log", address=f"127.0.0.1:{shuf_port}",
+        [
+            *harness.CLI,
+            "shuffler",
+            "serve",
+            "--insecure",
+            "--data-dir",
+            str(root / "shuf"),
+            "--listen",
+            f"127.0.0.1:{shuf_port}",
+            "--upstream",
+            f"127.0.0.1:{agg_port}",
+            "--quota-per-source",
+            "0",
+        ],
+        root / "shuffler.log",
+        address=f"127.0.0.1:{shuf_port}",
     )
     samples = {"aggregator": Samples(), "shuffler": Samples()}
     kills = {"aggregator": 0, "shuffler": 0, "worker": 0}
@@ -127,10 +152,29 @@ async def soak(root: Path, minutes: float, rate: float, kill_every: float, seed:
     await aggregator.start()
     await shuffler.start()
     load = subprocess.Popen(
-        [*harness.CLI, "loadtest", "--shuffler", shuffler.address or "", "--aggregator", aggregator.address or "",
-         "--rate", str(rate), "--duration", str(duration), "--workers", "1", "--no-progress",
-         "--mechanism", "grr", "--json", str(root / "loadtest.json"), "--out", str(root / "plots")],
-        stdout=(root / "loadtest.log").open("wb"), stderr=subprocess.STDOUT,
+        [
+            *harness.CLI,
+            "loadtest",
+            "--shuffler",
+            shuffler.address or "",
+            "--aggregator",
+            aggregator.address or "",
+            "--rate",
+            str(rate),
+            "--duration",
+            str(duration),
+            "--workers",
+            "1",
+            "--no-progress",
+            "--mechanism",
+            "grr",
+            "--json",
+            str(root / "loadtest.json"),
+            "--out",
+            str(root / "plots"),
+        ],
+        stdout=(root / "loadtest.log").open("wb"),
+        stderr=subprocess.STDOUT,
     )
     try:
         started = await sending_started(shuffler, load, time.monotonic() + 900)
@@ -164,22 +208,30 @@ async def soak(root: Path, minutes: float, rate: float, kill_every: float, seed:
         for measure, values, unit in (("rss", s.rss, 2**20), ("fds", s.fds, 1)):
             second, last, flat = flatness(values)
             ok &= flat
-            print(f"{name} {measure}: q2 median {second / unit:.1f} last-quarter median {last / unit:.1f}"
-                  f" ({len(values)} samples) {'flat' if flat else 'GREW'}")
+            print(
+                f"{name} {measure}: q2 median {second / unit:.1f} last-quarter median {last / unit:.1f}"
+                f" ({len(values)} samples) {'flat' if flat else 'GREW'}"
+            )
     result = json.loads((root / "loadtest.json").read_text()) if (root / "loadtest.json").exists() else {}
     acknowledged, counted = int(result.get("acknowledged", -1)), int(result.get("counted", -2))
-    ok &= acknowledged == counted
-    print(f"soak minutes={minutes:g} rate={rate:g} kills={sum(kills.values())} {kills}"
-          f" restart_retries={aggregator.start_retries + shuffler.start_retries}"
-          f" acknowledged={acknowledged} counted={counted} lost={max(0, acknowledged - counted)}"
-          f" unacknowledged={int(result.get('failed_reports', 0)) if result else -1}"
-          f" {'OK' if ok else 'FAILED'}")
+    unacked = int(result.get("failed_reports", 0))
+    # a report whose answer was cut off may have been spooled: counted once or not at all
+    ok &= acknowledged <= counted <= acknowledged + unacked
+    print(
+        f"soak minutes={minutes:g} rate={rate:g} kills={sum(kills.values())} {kills}"
+        f" restart_retries={aggregator.start_retries + shuffler.start_retries}"
+        f" acknowledged={acknowledged} counted={counted} lost={max(0, acknowledged - counted)}"
+        f" unacknowledged={unacked} (of which counted {max(0, counted - acknowledged)})"
+        f" {'OK' if ok else 'FAILED'}"
+    )
     return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse options and soak."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=300.0, help="reports per second (default 300)")
     parser.add_argument("--kill-every", type=float, default=10.0, help="seconds between kills (default 10)")

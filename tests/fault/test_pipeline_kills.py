@@ -35,7 +35,9 @@ def _break_store(root: Path) -> None:
     """What a broken pipeline would leave: one acked report never counted, one counted twice."""
     with sqlite3.connect(root / "agg" / harness.DATABASE_FILE) as db:
         seq = db.execute("SELECT seq FROM campaigns WHERE id = 'fault'").fetchone()[0]
-        victim = db.execute("SELECT report_id FROM seen_reports WHERE campaign = ? LIMIT 1", (seq,)).fetchone()[0]
+        victim = db.execute(
+            "SELECT report_id FROM seen_reports WHERE campaign = ? LIMIT 1", (seq,)
+        ).fetchone()[0]
         db.execute("DELETE FROM seen_reports WHERE campaign = ? AND report_id = ?", (seq, victim))
         db.execute("UPDATE counts SET count = count + 1 WHERE campaign = ? AND cell = 0", (seq,))
         db.execute("UPDATE campaigns SET n = n + 1 WHERE seq = ?", (seq,))
