@@ -267,6 +267,7 @@ class Summary:
     dropped_requests: int
     dropped_responses: int
     orphans: int
+    deduplicated: int = 0
 
     @property
     def total_kills(self) -> int:
@@ -277,6 +278,7 @@ class Summary:
         return (
             f"kills={self.total_kills} ({detail}) dropped_requests={self.dropped_requests}"
             f" dropped_responses={self.dropped_responses} restart_retries={self.start_retries}"
+            f" resends_deduplicated={self.deduplicated}"
             f" acknowledged={self.acknowledged} counted={self.counted}"
             f" duplicates={self.duplicates} lost={self.lost}"
         )
@@ -460,6 +462,17 @@ def acknowledged_ids(root: Path, campaign: pb.Campaign) -> tuple[set[bytes], int
     return ids, len(queued)
 
 
+def resends_dropped(root: Path, campaign_id: str) -> int:
+    """Reports the aggregator refused as duplicates: resends that dedupe kept from counting twice."""
+    with sqlite3.connect(root / "agg" / DATABASE_FILE) as db:
+        row = db.execute(
+            "SELECT sum(r.count) FROM rejections r JOIN campaigns c ON c.seq = r.campaign"
+            " WHERE c.id = ? AND r.reason = ?",
+            (campaign_id, pb.DUPLICATE_REPORT),
+        ).fetchone()
+    return int(row[0] or 0)
+
+
 def counted_ids(root: Path, campaign_id: str) -> tuple[set[bytes], int]:
     """Report ids in the aggregator's dedupe table, and the campaign's counted total n."""
     with sqlite3.connect(root / "agg" / DATABASE_FILE) as db:
@@ -505,4 +518,5 @@ async def run(root: Path, options: Options, progress: Callable[[str], None] | No
         dropped_requests=pipeline.to_shuffler.dropped_requests + pipeline.to_aggregator.dropped_requests,
         dropped_responses=pipeline.to_shuffler.dropped_responses + pipeline.to_aggregator.dropped_responses,
         orphans=len([pid for pid in seen if alive(pid)]),
+        deduplicated=resends_dropped(root, pipeline.campaign.id),
     )
