@@ -12,34 +12,27 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from deniable.client.outbox import Outbox
 from deniable.client.reporter import Reporter
 from deniable.client.transport import GrpcTransport, TransportError
-from deniable.v1 import deniable_pb2 as pb
 
-JOURNAL = "CREATE TABLE IF NOT EXISTS journal (ciphertext BLOB PRIMARY KEY) WITHOUT ROWID"
+JOURNAL = (
+    "CREATE TABLE IF NOT EXISTS journal (ciphertext BLOB PRIMARY KEY) WITHOUT ROWID;"
+    " CREATE TRIGGER IF NOT EXISTS journal_every_report AFTER INSERT ON outbox"
+    " BEGIN INSERT INTO journal (ciphertext) VALUES (NEW.ciphertext); END;"
+)
+"""A trigger, so every outbox insert is journaled in its own transaction, whichever method made it."""
 
 
 class JournalOutbox(Outbox):
     """The real outbox, plus a journal of every ciphertext it ever stored (same transaction)."""
 
     def __init__(self, path: Path) -> None:
-        """Open the outbox and its journal table."""
+        """Open the outbox and its journal table and trigger."""
         super().__init__(path)
-        self._conn().execute(JOURNAL)
-
-    def add_many(self, reports: Iterable[pb.EncryptedReport]) -> int:
-        """Store the reports and journal their ciphertexts atomically."""
-        rows = [(r.campaign_id, r.key_id, bytes(r.ciphertext)) for r in reports]
-        if not rows:
-            return 0
-        with self._transaction() as db:
-            db.executemany("INSERT INTO outbox (campaign_id, key_id, ciphertext) VALUES (?, ?, ?)", rows)
-            db.executemany("INSERT INTO journal (ciphertext) VALUES (?)", [(row[2],) for row in rows])
-        return len(rows)
+        self._conn().executescript(JOURNAL)
 
     def journaled(self) -> int:
         """How many reports were ever recorded."""
@@ -62,6 +55,9 @@ async def drive(args: argparse.Namespace) -> int:
         if recorded < min(args.reports, allowed + args.chunk):
             chunk = min(args.chunk, args.reports - recorded)
             reporter.record_many([(recorded + i) % 2 for i in range(chunk)])
+            if outbox.journaled() != recorded + chunk:
+                print("device: the journal missed reports", file=sys.stderr, flush=True)
+                return 2
         try:
             await reporter.send_pending(
                 batch_size=args.batch, max_attempts=4, base_delay_s=0.02, max_delay_s=0.3

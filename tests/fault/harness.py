@@ -414,7 +414,10 @@ class Pipeline:
         """Wait for the device to finish, then flush the shuffler until nothing is held."""
         deadline = time.monotonic() + self.options.give_up_s
         while not self.device_done():
-            if self.device.process is not None and self.device.process.poll() not in (None, 0):
+            code = None if self.device.process is None else self.device.process.poll()
+            if code == 2:
+                raise HarnessError(f"the device driver failed; see {self.device.log}")
+            if code not in (None, 0):
                 await self.device.start()  # it gave up (bounded); give it another go
             if time.monotonic() > deadline:
                 raise HarnessError("the device never got every report acknowledged")
@@ -422,6 +425,11 @@ class Pipeline:
         deadline = time.monotonic() + self.options.drain_timeout_s
         while time.monotonic() < deadline:
             try:
+                async with insecure_channel(self.aggregator.address or "") as channel:
+                    # the operator's recorded authorisation for a last batch below n_min (as `flush` does)
+                    await pb_grpc.AggregatorStub(channel).ReleaseBelowNMin(
+                        pb.ReleaseBelowNMinRequest(campaign_id=self.campaign.id), timeout=30
+                    )
                 async with insecure_channel(self.shuffler.address or "") as channel:
                     flushed = await pb_grpc.ShufflerStub(channel).Flush(
                         pb.FlushRequest(campaign_id=self.campaign.id, below_n_min=True), timeout=30

@@ -72,6 +72,7 @@ def summary_campaign(root: Path) -> object:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 async def test_pipeline_kills_full(tmp_path: Path) -> None:
     summary = await harness.run(tmp_path, harness.Options(kills=300, reports=100_000))
     print(summary.line())
