@@ -15,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from deniable.v1 import deniable_pb2 as pb
+
 
 def _harness() -> ModuleType:
     """tests/fault/harness.py, loaded by path (pytest's importlib mode: ``tests`` is not importable)."""
@@ -62,10 +64,8 @@ async def test_pipeline_kills_and_drops_lose_and_duplicate_nothing(tmp_path: Pat
     assert (n - len(counted), len(acked - counted)) == (2, 1)
 
 
-def summary_campaign(root: Path) -> object:
+def summary_campaign(root: Path) -> pb.Campaign:
     """The campaign as the aggregator stored it."""
-    from deniable.v1 import deniable_pb2 as pb
-
     with sqlite3.connect(root / "agg" / harness.DATABASE_FILE) as db:
         body = db.execute("SELECT body FROM campaigns WHERE id = 'fault'").fetchone()[0]
     return pb.Campaign.FromString(body)
