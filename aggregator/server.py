@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from deniable.aggregator.handlers import AggregatorHandlers
+from deniable.aggregator.handlers import DEFAULT_RETENTION_MARGIN_S, AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool
@@ -72,6 +72,9 @@ class AggregatorConfig:
     key_drain_s: float = 86_400.0
     """A retired HPKE key is destroyed this long after the last campaign sealed to it closed."""
     key_sweep_interval_s: float = 3_600.0
+    """How often drained keys are destroyed and expired report ids garbage-collected."""
+    retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S
+    """Report ids are kept this long after a campaign's window ends, then forgotten."""
 
 
 @dataclass
@@ -214,6 +217,8 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     """
     if not (config.key_drain_s >= 0 and config.key_sweep_interval_s > 0):
         raise ConfigurationError("key_drain_s must be >= 0 and key_sweep_interval_s > 0 (seconds)")
+    if not config.retention_margin_s >= 0:
+        raise ConfigurationError("retention_margin_s must be >= 0 (seconds)")
     check_transport(config.tls, config.insecure, "aggregator")
     credentials = None if config.tls is None else config.tls.credentials(require_client_cert=True)
     leftovers = Leftovers(config.data_dir)
@@ -231,7 +236,13 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         if executor is not None:
             await executor.warm_up()
         handlers = AggregatorHandlers(
-            store, keyring, metrics, executor, config.decrypt_workers, key_drain_s=config.key_drain_s
+            store,
+            keyring,
+            metrics,
+            executor,
+            config.decrypt_workers,
+            key_drain_s=config.key_drain_s,
+            retention_margin_s=config.retention_margin_s,
         )
         server, health_servicer, monitor, port = await _serve(config, store, handlers, metrics, credentials)
         metrics_port = None
@@ -277,16 +288,20 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
 
 
 async def _sweep_keys(handlers: AggregatorHandlers, interval_s: float) -> None:
-    """Destroy drained retired keys every ``interval_s`` seconds (errors are logged, never fatal)."""
+    """Every ``interval_s`` seconds destroy drained retired keys and forget expired report ids
+    (errors are logged, never fatal)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
             destroyed = await handlers.sweep_keys()
+            forgotten = await handlers.collect_garbage()
         except Exception:
-            log.exception("key sweep failed")
+            log.exception("key sweep or garbage collection failed")
             continue
         if destroyed:
             log.info("retired keys destroyed", extra={"key_ids": destroyed})
+        if forgotten:
+            log.info("report ids of expired campaigns forgotten", extra={"campaigns": forgotten})
 
 
 async def serve_aggregator(
