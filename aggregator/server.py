@@ -24,6 +24,7 @@ from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterce
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import HealthMonitor
 from deniable.core.service import (
+    DEFAULT_MAX_CONCURRENT_RPCS,
     MAX_MESSAGE_BYTES,
     DataDirLock,
     Leftovers,
@@ -60,6 +61,8 @@ class AggregatorConfig:
     listen: str = "127.0.0.1:7700"
     decrypt_workers: int = 0
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
+    """RPCs served at once; more are shed with RESOURCE_EXHAUSTED (health calls included)."""
     metrics_port: int | None = None
     store: str | None = None
     """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
@@ -187,6 +190,7 @@ async def _serve(
         config.max_message_bytes,
         interceptors=[guard],
         on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc(),
+        max_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
     health_servicer = await add_health(
