@@ -51,19 +51,55 @@ def _sealed_for_other_campaign(c: pb.Campaign, kit: Any) -> pb.EncryptedReport:
 
 Case = Callable[[pb.Campaign, Any], pb.EncryptedReport]
 CORPUS: list[tuple[str, Case, int]] = [
-    ("truncated", lambda c, kit: _resized(kit.seal(c, 1).report, c.ciphertext_length - 1), pb.WRONG_CIPHERTEXT_LENGTH),
-    ("oversized", lambda c, kit: _resized(kit.seal(c, 1).report, c.ciphertext_length + 64), pb.WRONG_CIPHERTEXT_LENGTH),
+    (
+        "truncated",
+        lambda c, kit: _resized(kit.seal(c, 1).report, c.ciphertext_length - 1),
+        pb.WRONG_CIPHERTEXT_LENGTH,
+    ),
+    (
+        "oversized",
+        lambda c, kit: _resized(kit.seal(c, 1).report, c.ciphertext_length + 64),
+        pb.WRONG_CIPHERTEXT_LENGTH,
+    ),
     ("empty", lambda c, kit: _resized(kit.seal(c, 1).report, 0), pb.WRONG_CIPHERTEXT_LENGTH),
-    ("bad key id", lambda c, kit: pb.EncryptedReport(campaign_id=c.id, key_id=c.key_id + 9, ciphertext=kit.seal(c, 1).report.ciphertext), pb.UNKNOWN_KEY_ID),
+    (
+        "bad key id",
+        lambda c, kit: pb.EncryptedReport(
+            campaign_id=c.id, key_id=c.key_id + 9, ciphertext=kit.seal(c, 1).report.ciphertext
+        ),
+        pb.UNKNOWN_KEY_ID,
+    ),
     ("bad encapsulated key", lambda c, kit: _flip(kit.seal(c, 1).report, 3), pb.UNDECRYPTABLE),
     ("AEAD failure", lambda c, kit: _flip(kit.seal(c, 1).report, c.ciphertext_length - 1), pb.UNDECRYPTABLE),
     ("sealed for another campaign", _sealed_for_other_campaign, pb.UNDECRYPTABLE),
-    ("plaintext names another campaign", lambda c, kit: kit.seal(c, 1, plaintext_campaign="other").report, pb.CAMPAIGN_MISMATCH),
-    ("plaintext names another key", lambda c, kit: kit.seal(c, 1, plaintext_key_id=c.key_id + 1).report, pb.CAMPAIGN_MISMATCH),
-    ("envelope names another campaign", lambda c, kit: pb.EncryptedReport(campaign_id="other", key_id=c.key_id, ciphertext=kit.seal(c, 1).report.ciphertext), pb.CAMPAIGN_MISMATCH),
-    ("garbage plaintext", lambda c, kit: kit.seal(c, plaintext=b"\xff" * c.plaintext_length).report, pb.MALFORMED_PLAINTEXT),
+    (
+        "plaintext names another campaign",
+        lambda c, kit: kit.seal(c, 1, plaintext_campaign="other").report,
+        pb.CAMPAIGN_MISMATCH,
+    ),
+    (
+        "plaintext names another key",
+        lambda c, kit: kit.seal(c, 1, plaintext_key_id=c.key_id + 1).report,
+        pb.CAMPAIGN_MISMATCH,
+    ),
+    (
+        "envelope names another campaign",
+        lambda c, kit: pb.EncryptedReport(
+            campaign_id="other", key_id=c.key_id, ciphertext=kit.seal(c, 1).report.ciphertext
+        ),
+        pb.CAMPAIGN_MISMATCH,
+    ),
+    (
+        "garbage plaintext",
+        lambda c, kit: kit.seal(c, plaintext=b"\xff" * c.plaintext_length).report,
+        pb.MALFORMED_PLAINTEXT,
+    ),
     ("out-of-domain value", lambda c, kit: kit.seal(c, payload=bytes([7])).report, pb.PAYLOAD_OUT_OF_DOMAIN),
-    ("multi-valued payload", lambda c, kit: kit.seal(c, payload=bytes([1, 1])).report, pb.PAYLOAD_OUT_OF_DOMAIN),
+    (
+        "multi-valued payload",
+        lambda c, kit: kit.seal(c, payload=bytes([1, 1])).report,
+        pb.PAYLOAD_OUT_OF_DOMAIN,
+    ),
     ("empty payload", lambda c, kit: kit.seal(c, payload=b"").report, pb.PAYLOAD_OUT_OF_DOMAIN),
 ]
 
@@ -115,7 +151,9 @@ async def test_corpus_duplicate_and_expired(timed: tuple[AggregatorHandlers, Clo
 
     clock.now += 5 + 60  # retention over: every report of the campaign is CAMPAIGN_CLOSED
     before, metric = await handlers.store.snapshot("dup", 2), _metric(handlers, pb.CAMPAIGN_CLOSED)
-    response = await handlers.ingest_batch(kit.batch_of("dup", [kit.seal(campaign, 1).report, counted.report]))
+    response = await handlers.ingest_batch(
+        kit.batch_of("dup", [kit.seal(campaign, 1).report, counted.report])
+    )
     assert (response.counted, kit.rejected_map(response)) == (0, {int(pb.CAMPAIGN_CLOSED): 2})
     assert (await handlers.store.snapshot("dup", 2)).counts == before.counts
     assert _metric(handlers, pb.CAMPAIGN_CLOSED) == metric + 2

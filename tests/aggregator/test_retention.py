@@ -34,11 +34,16 @@ class Clock:
 async def timed(tmp_path: Path, keyring: Keyring) -> AsyncIterator[tuple[AggregatorHandlers, Clock]]:
     store = SqliteAggregatorStore(tmp_path / "retention.sqlite3")
     clock = Clock()
-    yield AggregatorHandlers(store, keyring, AggregatorMetrics(), clock=clock, retention_margin_s=MARGIN), clock
+    yield (
+        AggregatorHandlers(store, keyring, AggregatorMetrics(), clock=clock, retention_margin_s=MARGIN),
+        clock,
+    )
     await store.close()
 
 
-async def test_replay_after_gc_is_closed_and_not_counted(timed: tuple[AggregatorHandlers, Clock], kit: Any) -> None:
+async def test_replay_after_gc_is_closed_and_not_counted(
+    timed: tuple[AggregatorHandlers, Clock], kit: Any
+) -> None:
     handlers, clock = timed
     campaign = await handlers.create_campaign(kit.binary_request("r", window_end_unix=int(clock.now) + 10))
     sealed = [kit.seal(campaign, v % 2).report for v in range(6)]
@@ -60,7 +65,9 @@ async def test_replay_after_gc_is_closed_and_not_counted(timed: tuple[Aggregator
     assert (await handlers.store.snapshot("r", 2)).counts == counts
 
 
-async def test_expired_campaign_refuses_before_gc_ran(timed: tuple[AggregatorHandlers, Clock], kit: Any) -> None:
+async def test_expired_campaign_refuses_before_gc_ran(
+    timed: tuple[AggregatorHandlers, Clock], kit: Any
+) -> None:
     """A batch arriving past retention is closed even if the periodic GC has not run yet."""
     handlers, clock = timed
     campaign = await handlers.create_campaign(kit.binary_request("x", window_end_unix=int(clock.now) + 1))
@@ -71,7 +78,9 @@ async def test_expired_campaign_refuses_before_gc_ran(timed: tuple[AggregatorHan
     assert await handlers.store.retired() == {"x"}
 
 
-async def test_open_ended_campaign_keeps_ids_until_closed(timed: tuple[AggregatorHandlers, Clock], kit: Any) -> None:
+async def test_open_ended_campaign_keeps_ids_until_closed(
+    timed: tuple[AggregatorHandlers, Clock], kit: Any
+) -> None:
     """No window end: ids are kept; ``campaign close`` starts the margin."""
     handlers, clock = timed
     campaign = await handlers.create_campaign(kit.binary_request("open"))

@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
@@ -146,7 +152,9 @@ class Pipeline(RuleBasedStateMachine):
     @precondition(lambda self: not self.closed)
     @rule()
     def close_window(self) -> None:
-        self.campaign = self.runner.run(self.handlers.close_campaign(pb.KeyCloseCampaignRequest(campaign_id="s")))
+        self.campaign = self.runner.run(
+            self.handlers.close_campaign(pb.KeyCloseCampaignRequest(campaign_id="s"))
+        )
         self.closed = True
 
     @rule(seconds=st.sampled_from([1.0, MARGIN / 2, MARGIN]))
@@ -171,10 +179,18 @@ class Pipeline(RuleBasedStateMachine):
 
 
 STATEFUL = settings(
-    max_examples=12, stateful_step_count=12, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    max_examples=12,
+    stateful_step_count=12,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
 )
 LONG = settings(
-    max_examples=200, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
 )
 
 

@@ -83,7 +83,10 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
                 )
             )
         )
-        channels = {"Aggregator": insecure_channel(aggregator.address), "Shuffler": insecure_channel(shuffler.address)}
+        channels = {
+            "Aggregator": insecure_channel(aggregator.address),
+            "Shuffler": insecure_channel(shuffler.address),
+        }
         operator = pb_grpc.AggregatorStub(channels["Aggregator"])
         request = pb.CreateCampaignRequest(id="fz", question="q?", kind=pb.BINARY, epsilon0=1.0, n_min=2)
         try:
@@ -99,16 +102,22 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 def _valid_submit(campaign: pb.Campaign, count: int = 1) -> bytes:
     reports = []
     for _ in range(count):
-        plaintext = encode(Plaintext(new_report_id(), campaign.id, campaign.key_id, b"\x01"), campaign.plaintext_length)
+        plaintext = encode(
+            Plaintext(new_report_id(), campaign.id, campaign.key_id, b"\x01"), campaign.plaintext_length
+        )
         ciphertext = seal_report(plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id)
-        reports.append(pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext))
+        reports.append(
+            pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext)
+        )
     return pb.SubmitReportsRequest(reports=reports).SerializeToString()
 
 
 def _flush_and_count(stack: Stack) -> int:
     """Forward everything spooled (below n_min too) and wait until the aggregator answered."""
     shuffler = pb_grpc.ShufflerStub(stack.channels["Shuffler"])
-    stack.runner.run(_awaited(shuffler.Flush(pb.FlushRequest(campaign_id="fz", below_n_min=True), timeout=20)))
+    stack.runner.run(
+        _awaited(shuffler.Flush(pb.FlushRequest(campaign_id="fz", below_n_min=True), timeout=20))
+    )
     return stack.counted()
 
 
@@ -132,14 +141,19 @@ def _fuzz(stack: Stack, chosen: settings) -> None:
     def mutated_submit(at: int, xor: int, cut: int) -> None:
         body = bytearray(valid)
         body[at % len(body)] ^= xor
-        assert stack.call("/deniable.v1.Shuffler/SubmitReports", bytes(body[: len(body) - cut])) not in FORBIDDEN
+        assert (
+            stack.call("/deniable.v1.Shuffler/SubmitReports", bytes(body[: len(body) - cut])) not in FORBIDDEN
+        )
 
     random_bytes()
     mutated_submit()
     assert _flush_and_count(stack) == 0  # nothing fuzzed was counted
     _serving(stack)
     # Positive control: the same path counts valid reports (the check above can fail).
-    assert stack.call("/deniable.v1.Shuffler/SubmitReports", _valid_submit(stack.campaign, 3)) == grpc.StatusCode.OK
+    assert (
+        stack.call("/deniable.v1.Shuffler/SubmitReports", _valid_submit(stack.campaign, 3))
+        == grpc.StatusCode.OK
+    )
     assert _flush_and_count(stack) == 3
 
 

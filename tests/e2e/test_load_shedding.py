@@ -29,7 +29,9 @@ EXTRA = 5
 
 
 def _report(campaign: pb.Campaign) -> pb.EncryptedReport:
-    plaintext = encode(Plaintext(new_report_id(), campaign.id, campaign.key_id, b"\x01"), campaign.plaintext_length)
+    plaintext = encode(
+        Plaintext(new_report_id(), campaign.id, campaign.key_id, b"\x01"), campaign.plaintext_length
+    )
     ciphertext = seal_report(plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id)
     return pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext)
 
@@ -46,7 +48,9 @@ def _gated(target: Any, name: str, gate: asyncio.Event, entered: list[int]) -> N
     setattr(target, name, held)
 
 
-async def _saturate(calls: list[Awaitable[Any]], gate: asyncio.Event, entered: list[int]) -> list[grpc.StatusCode]:
+async def _saturate(
+    calls: list[Awaitable[Any]], gate: asyncio.Event, entered: list[int]
+) -> list[grpc.StatusCode]:
     """Start every call; once LIMIT are inside and the rest answered, open the gate."""
     tasks = [asyncio.ensure_future(c) for c in calls]
 
@@ -73,7 +77,9 @@ async def _healthy(channel: grpc.aio.Channel) -> None:
 
 async def test_aggregator_sheds_load_and_counts_only_admitted(tmp_path: Path) -> None:
     aggregator = await start_aggregator(
-        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", max_concurrent_rpcs=LIMIT)
+        AggregatorConfig(
+            insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", max_concurrent_rpcs=LIMIT
+        )
     )
     try:
         async with insecure_channel(aggregator.address) as channel:
@@ -86,7 +92,9 @@ async def test_aggregator_sheds_load_and_counts_only_admitted(tmp_path: Path) ->
             for i in range(LIMIT + EXTRA):
                 reports = [_report(campaign) for _ in range(2)]
                 digest = batch_digest(r.ciphertext for r in reports)
-                batches.append(pb.ShuffledBatch(batch_id=f"b{i}", campaign_id="shed", reports=reports, digest=digest))
+                batches.append(
+                    pb.ShuffledBatch(batch_id=f"b{i}", campaign_id="shed", reports=reports, digest=digest)
+                )
             codes = await _saturate([stub.IngestBatch(b, timeout=20) for b in batches], gate, entered)
             assert codes.count(grpc.StatusCode.OK) == LIMIT
             assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == EXTRA
@@ -97,7 +105,9 @@ async def test_aggregator_sheds_load_and_counts_only_admitted(tmp_path: Path) ->
 
 
 async def test_shuffler_sheds_load_and_spools_only_admitted(tmp_path: Path) -> None:
-    aggregator = await start_aggregator(AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
+    aggregator = await start_aggregator(
+        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
+    )
     shuffler = await start_shuffler(
         ShufflerConfig(
             insecure=True,
@@ -110,7 +120,9 @@ async def test_shuffler_sheds_load_and_spools_only_admitted(tmp_path: Path) -> N
     )
     try:
         async with insecure_channel(aggregator.address) as agg, insecure_channel(shuffler.address) as shuf:
-            request = pb.CreateCampaignRequest(id="shed", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=1000)
+            request = pb.CreateCampaignRequest(
+                id="shed", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=1000
+            )
             campaign = await pb_grpc.AggregatorStub(agg).CreateCampaign(request, timeout=10)
             stub = pb_grpc.ShufflerStub(shuf)
             gate, entered = asyncio.Event(), []

@@ -43,7 +43,9 @@ N_MIN = 20
 def _start(tmp: Path, kind: str, listen: str, *upstream: str) -> tuple[subprocess.Popen[bytes], str]:
     port_file = tmp / f"{kind}.port"
     port_file.unlink(missing_ok=True)
-    process = subprocess.Popen([sys.executable, "-c", SCRIPT, kind, str(tmp / kind), listen, str(port_file), *upstream])
+    process = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, kind, str(tmp / kind), listen, str(port_file), *upstream]
+    )
     deadline = time.monotonic() + 60
     while not port_file.exists() or not port_file.read_text():
         assert process.poll() is None and time.monotonic() < deadline, f"{kind} did not start"
@@ -92,7 +94,9 @@ class Devices(threading.Thread):
                         campaign_id=c.id,
                         key_id=c.key_id,
                         ciphertext=seal_report(
-                            encode(Plaintext(new_report_id(), c.id, c.key_id, b"\x01"), c.plaintext_length), key, c.id
+                            encode(Plaintext(new_report_id(), c.id, c.key_id, b"\x01"), c.plaintext_length),
+                            key,
+                            c.id,
                         ),
                     )
                     for _ in range(10)
@@ -112,9 +116,13 @@ async def _counted(address: str, shuffler: str, expected: int) -> int:
     async with insecure_channel(address) as agg, insecure_channel(shuffler) as shuf:
         n = 0
         for _ in range(600):
-            await pb_grpc.ShufflerStub(shuf).Flush(pb.FlushRequest(campaign_id="drain", below_n_min=True), timeout=20)
+            await pb_grpc.ShufflerStub(shuf).Flush(
+                pb.FlushRequest(campaign_id="drain", below_n_min=True), timeout=20
+            )
             try:
-                answer = await pb_grpc.AggregatorStub(agg).BinarySum(pb.QueryRequest(campaign_id="drain"), timeout=10)
+                answer = await pb_grpc.AggregatorStub(agg).BinarySum(
+                    pb.QueryRequest(campaign_id="drain"), timeout=10
+                )
             except grpc.aio.AioRpcError:  # nothing counted yet
                 await asyncio.sleep(0.1)
                 continue
@@ -128,7 +136,9 @@ async def _counted(address: str, shuffler: str, expected: int) -> int:
 def _create(address: str) -> pb.Campaign:
     async def create() -> pb.Campaign:
         async with insecure_channel(address) as channel:
-            request = pb.CreateCampaignRequest(id="drain", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=N_MIN)
+            request = pb.CreateCampaignRequest(
+                id="drain", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=N_MIN
+            )
             return await pb_grpc.AggregatorStub(channel).CreateCampaign(request, timeout=10)
 
     return asyncio.run(create())
@@ -153,7 +163,11 @@ def test_sigterm_under_load_exits_in_10s_and_loses_nothing(tmp_path: Path) -> No
         assert devices.acked > N_MIN
         counted = asyncio.run(_counted(agg_address, shuf_address, devices.acked))
         # Nothing acknowledged lost; nothing counted beyond what may have been spooled (no double count).
-        assert devices.acked <= counted <= devices.acked + devices.unknown, (counted, devices.acked, devices.unknown)
+        assert devices.acked <= counted <= devices.acked + devices.unknown, (
+            counted,
+            devices.acked,
+            devices.unknown,
+        )
     finally:
         devices.stop.set()
         for process in (shuffler, aggregator):

@@ -12,6 +12,7 @@ runs the same checks over the seeds in the default test run).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -40,7 +41,9 @@ def seeds() -> list[bytes]:
     report = pb.EncryptedReport(campaign_id="c", key_id=1, ciphertext=sealed)
     return [
         pb.SubmitReportsRequest(reports=[report, report]).SerializeToString(),
-        pb.ShuffledBatch(batch_id="b", campaign_id="c", reports=[report], digest=b"d" * 32).SerializeToString(),
+        pb.ShuffledBatch(
+            batch_id="b", campaign_id="c", reports=[report], digest=b"d" * 32
+        ).SerializeToString(),
         pb.CreateCampaignRequest(id="c", question="q", kind=pb.BINARY, epsilon0=1.0).SerializeToString(),
         pb.QueryRequest(campaign_id="c", confidence=0.9).SerializeToString(),
         plaintext,
@@ -50,10 +53,8 @@ def seeds() -> list[bytes]:
 def check(data: bytes) -> None:
     """One input through every parser; raises only on a real defect."""
     for message in MESSAGES.values():
-        try:
+        with contextlib.suppress(DecodeError):
             message.FromString(data)
-        except DecodeError:
-            pass
     fast = RawSubmit(data).uniform()
     if fast is not None:
         campaign_id, key_id, columns = fast
@@ -61,11 +62,11 @@ def check(data: bytes) -> None:
         got = [(r.campaign_id, r.key_id, r.ciphertext) for r in parsed.reports]
         if got != [(campaign_id, key_id, c) for c in columns.ciphertexts()]:
             raise AssertionError("the SubmitReports fast path disagrees with protobuf")
-    try:
+    with contextlib.suppress(MalformedPlaintext):
         decode(data[:PLAINTEXT_LENGTH].ljust(PLAINTEXT_LENGTH, b"\0"), PLAINTEXT_LENGTH)
-    except MalformedPlaintext:
-        pass
-    opened = open_reports("c", PLAINTEXT_LENGTH, PLAINTEXT_LENGTH + 48, {1: PAIR.private_raw}, [("c", 1, data)])
+    opened = open_reports(
+        "c", PLAINTEXT_LENGTH, PLAINTEXT_LENGTH + 48, {1: PAIR.private_raw}, [("c", 1, data)]
+    )
     if len(opened) != 1:
         raise AssertionError("open_reports must give one outcome per envelope")
 

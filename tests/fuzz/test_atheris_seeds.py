@@ -12,7 +12,9 @@ import pytest
 
 
 def _harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("atheris_requests", Path(__file__).with_name("atheris_requests.py"))
+    spec = importlib.util.spec_from_file_location(
+        "atheris_requests", Path(__file__).with_name("atheris_requests.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("atheris_requests", module)
