@@ -40,7 +40,7 @@ from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
 from deniable.core.crypto import kem_named
 from deniable.core.mechanisms import LocalRandomiser, manipulation
-from deniable.core.mechanisms.base import IntArray
+from deniable.core.mechanisms.base import Estimate, IntArray
 from deniable.core.process import ChildDied, run_in_child
 from deniable.v1 import deniable_pb2 as pb
 
@@ -58,10 +58,16 @@ DEFAULT_DELTA: Final = 1e-6
 DEFAULT_N_MIN: Final = 1000
 DEFAULT_CONFIDENCE: Final = 0.95
 DEFAULT_KEY_DRAIN_S: Final = 86_400.0
+"""A retired key is destroyed this long after the last campaign sealed to it closed."""
 DEFAULT_RETENTION_MARGIN_S: Final = 7 * 86_400.0
 """Report ids are kept this long after a campaign's window ends (late batches still dedupe)."""
 CAMPAIGN_CLOSED: Final = int(pb.CAMPAIGN_CLOSED)
-"""A retired key is destroyed this long after the last campaign sealed to it closed."""
+DEFAULT_WINDOW_S: Final = 7 * 24 * 3600
+"""A campaign's collection window when none is given: seven days from its creation (or start)."""
+MAX_WINDOW_S: Final = 10 * 366 * 24 * 3600
+DEFAULT_RELEASE_S: Final = 600
+MAX_RELEASE_S: Final = 24 * 3600
+MAX_BATCH_TARGET: Final = 1 << 40
 MIN_CHUNK: Final = 512
 POOL_ATTEMPTS: Final = 3
 BATCH_DIGEST_DOMAIN: Final = b"deniable/v1/batch"  # core.batches.batch_digest's prefix
@@ -154,6 +160,8 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         raise InvalidRequest("window times are Unix seconds and cannot be negative")
     if start and end and end <= start:
         raise InvalidRequest(f"window_end_unix ({end}) must be after window_start_unix ({start})")
+    if not 0 <= request.window_s <= MAX_WINDOW_S:
+        raise InvalidRequest(f"window_s must lie in [0, {MAX_WINDOW_S}], got {request.window_s}")
     budget = request.device_budget_epsilon if request.device_budget_epsilon != 0 else epsilon0
     if not (_finite(budget) and budget >= epsilon0):
         raise InvalidRequest(
@@ -170,11 +178,14 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
     except ValueError as exc:
         kind = "binary" if request.kind == pb.BINARY else f"{len(labels)}-category"
         raise InvalidRequest(f"{mechanism_name} cannot serve this {kind} campaign: {exc}") from None
-    # The request's n_min counts devices; the shuffler counts messages (reports). Convert with the
-    # most messages a device can send, so a released round holds at least n_min devices.
-    per_device = randomiser.max_messages_per_device or 1
+    # The request's n_min counts devices; the shuffler counts messages (reports). Where every device
+    # sends the same number of messages, convert, so a released round holds n_min devices.
+    per_device = _messages_per_device(randomiser)
+    target = _batch_target(request.batch_target, n_min, randomiser.max_messages_per_device, per_device)
     n_min = min(n_min * per_device, 2**32 - 1)
     return pb.Campaign(
+        batch_target=target,
+        keep_requests_whole=randomiser.multi_message,
         id=request.id,
         question=request.question,
         kind=request.kind,
@@ -190,6 +201,24 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         local_guarantee=randomiser.local_privacy,
         local_epsilon=epsilon0 if randomiser.local_privacy else 0.0,
     )
+
+
+def _messages_per_device(randomiser: LocalRandomiser) -> int:
+    """Messages the shuffler counts per device of n_min: the fixed number, else the most one device
+    sends (so n_min messages always hold n_min devices), else 1."""
+    return randomiser.messages_per_device or randomiser.max_messages_per_device or 1
+
+
+def _batch_target(devices: int, n_min: int, most_per_device: int | None, per_device: int) -> int:
+    """The batch target in messages: ``devices`` (default n_min devices) times the most messages one
+    device sends, so a batch that reaches it holds at least that many devices."""
+    if devices and devices < n_min:
+        raise InvalidRequest(f"batch_target ({devices}) cannot be below n_min ({n_min})")
+    if devices > MAX_BATCH_TARGET:
+        raise InvalidRequest(f"batch_target must be at most {MAX_BATCH_TARGET}, got {devices}")
+    if not devices:
+        return n_min * per_device
+    return devices * (most_per_device or 1)
 
 
 def wants_plan(request: pb.CreateCampaignRequest) -> bool:
@@ -240,6 +269,7 @@ def plan_campaign(request: pb.CreateCampaignRequest) -> pb.Campaign:
         planned.mechanism = mechanisms.proto_for_name(candidate.mechanism)  # type: ignore[assignment]
         planned.epsilon0 = candidate.epsilon0
         planned.n_min = request.n_min or min(int(expected_n), 2**32 - 1)
+        planned.batch_target = request.batch_target or max(int(expected_n), planned.n_min)
         try:
             campaign = validate_campaign_request(planned)
         except InvalidRequest as exc:
@@ -290,12 +320,36 @@ def manipulation_budget(randomiser: LocalRandomiser, counts: Sequence[int], n: i
     )
 
 
-def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.PrivacyStatement:
+def target_devices(campaign: pb.Campaign) -> int:
+    """The batch target in devices (``Campaign.batch_target`` counts messages; 0 if unset)."""
+    most = randomiser_for(campaign).max_messages_per_device or 1
+    return int(campaign.batch_target) // most
+
+
+def _batch_notes(campaign: pb.Campaign, smallest_batch: int, target: int) -> list[str]:
+    """What the statement must say about how the batches were released."""
+    notes = []
+    if target and smallest_batch < target:
+        notes.append(
+            f"the smallest batch ({smallest_batch} devices) is below the campaign's batch target"
+            f" ({target}): released at the window's close or forced by the operator"
+        )
+    if campaign.below_n_min_until_unix:
+        notes.append("the operator authorised batches below n_min for this campaign")
+    return notes
+
+
+def privacy_statement(
+    campaign: pb.Campaign, n: int, smallest_batch: int, batches: int = 0
+) -> pb.PrivacyStatement:
     """The guarantee for the counted reports: central (epsilon, delta) at the smallest shuffle."""
     randomiser = randomiser_for(campaign)
+    target = target_devices(campaign)
     local = campaign.epsilon0 if randomiser.local_privacy else 0.0
     if n == 0 or smallest_batch == 0:
         return pb.PrivacyStatement(
+            batch_target=target,
+            below_n_min_authorised=bool(campaign.below_n_min_until_unix),
             epsilon0=campaign.epsilon0,
             central_epsilon=campaign.epsilon0,
             delta=0.0,
@@ -311,7 +365,15 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
             local_epsilon=local,
         )
     bound = randomiser.central_guarantee(smallest_batch, campaign.delta)
+    note = "; ".join(filter(None, [bound.note, *_batch_notes(campaign, smallest_batch, target)]))
+    unavailable = ""
+    if not math.isfinite(bound.epsilon):
+        unavailable = bound.note or f"{bound.analysis} gives no finite epsilon at n = {smallest_batch}"
     return pb.PrivacyStatement(
+        batch_target=target,
+        batches=batches,
+        below_n_min_authorised=bool(campaign.below_n_min_until_unix),
+        epsilon_unavailable=unavailable,
         local_guarantee=randomiser.local_privacy,
         local_epsilon=local,
         epsilon0=campaign.epsilon0,
@@ -320,7 +382,7 @@ def privacy_statement(campaign: pb.Campaign, n: int, smallest_batch: int) -> pb.
         analysis=bound.analysis,
         amplified=bound.amplified,
         smallest_batch=smallest_batch,
-        note=bound.note,
+        note=note,
         evaluated_n=bound.evaluated_n,
     )
 
@@ -402,6 +464,9 @@ class AggregatorHandlers:
         campaign.ciphertext_length = layout.ciphertext_length
         campaign.created_unix = int(self._clock())
         campaign.quota_per_source = request.quota_per_source
+        if not campaign.window_end_unix:
+            opens = max(campaign.window_start_unix, campaign.created_unix)
+            campaign.window_end_unix = opens + (request.window_s or DEFAULT_WINDOW_S)
         async with self._keys_lock:
             key = self.keyring.active_or_create(kem.name).public
             campaign.key_id = key.key_id
@@ -412,6 +477,25 @@ class AggregatorHandlers:
             except CampaignExists:
                 raise AlreadyExists(f"campaign {campaign.id} already exists") from None
         return signed
+
+    async def save_campaign(self, campaign: pb.Campaign) -> pb.Campaign:
+        """Re-sign and store a changed campaign description (operator changes go through here)."""
+        signed = self._signed(campaign)
+        try:
+            await self.store.update_campaign(signed)
+        except UnknownCampaign:
+            raise NotFound(f"no campaign {campaign.id!r}") from None
+        return signed
+
+    async def release_below_n_min(self, request: pb.ReleaseBelowNMinRequest) -> pb.Campaign:
+        """Operator: accept batches below n_min for ``valid_s`` seconds (recorded, then stated)."""
+        valid_s = request.valid_s or DEFAULT_RELEASE_S
+        if valid_s > MAX_RELEASE_S:
+            raise InvalidRequest(f"valid_s must be at most {MAX_RELEASE_S}, got {valid_s}")
+        campaign = await self._campaign(request.campaign_id)
+        campaign.below_n_min_until_unix = int(self._clock()) + valid_s
+        self.metrics.operator_action("release_below_n_min")
+        return await self.save_campaign(campaign)
 
     async def _campaign(self, campaign_id: str) -> pb.Campaign:
         if not campaign_id:
@@ -435,20 +519,19 @@ class AggregatorHandlers:
         """End the campaign's window now (kept if it ended earlier); the new description is re-signed."""
         campaign = await self._campaign(request.campaign_id)
         now = int(self._clock())
-        if not self._closed(campaign, now):
-            campaign.window_end_unix = max(now, campaign.window_start_unix + 1)
-            signed = self._signed(campaign)
-            try:
-                await self.store.update_campaign(signed)
-            except UnknownCampaign:
-                raise NotFound(f"no campaign {campaign.id!r}") from None
+        if not campaign.closed:  # also marks it closed: the shuffler releases what it holds (ADR 0014)
+            campaign.closed = True
+            if not self._closed(campaign, now):
+                campaign.window_end_unix = max(now, campaign.window_start_unix + 1)
+            self.metrics.operator_action("close_campaign")
+            campaign = await self.save_campaign(campaign)
         await self.sweep_keys()
         return self._signed(campaign)
 
     def _expired(self, campaign: pb.Campaign, now: float) -> bool:
         """Whether the campaign's retention ended: window closed more than the margin ago.
 
-        An open-ended campaign keeps its ids until it is closed (``deniable campaign close``)."""
+        A campaign stored without an end keeps its ids until closed (``deniable campaign close``)."""
         end = campaign.window_end_unix
         return end != 0 and end + self._retention_margin_s <= now
 
@@ -540,6 +623,7 @@ class AggregatorHandlers:
         if seen is not None:
             return self._duplicate(batch, seen.campaign_id, seen.digest)
 
+        self._check_batch_size(campaign, len(envelopes))
         randomiser = randomiser_for(campaign)
         if self._expired(campaign, self._clock()):
             # Past retention its ids may be gone: nothing can be deduplicated, so nothing counts.
@@ -549,6 +633,8 @@ class AggregatorHandlers:
         else:
             opened = await self._open(campaign, envelopes)
             valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
+            if randomiser.multi_message:
+                await self._check_devices(campaign, randomiser, batch.batch_id, valid)
         try:
             outcome = await self.store.ingest(
                 batch_id=batch.batch_id,
@@ -579,6 +665,42 @@ class AggregatorHandlers:
                 for reason, count in sorted(outcome.rejected.items())
             ],
         )
+
+    def _check_batch_size(self, campaign: pb.Campaign, size: int) -> None:
+        """Refuse a batch below n_min unless the operator authorised it (and it has not lapsed).
+
+        An empty batch counts nobody and hides nobody: it is recorded as before.
+        """
+        if size == 0 or size >= campaign.n_min or self._clock() < campaign.below_n_min_until_unix:
+            return
+        self.metrics.batch("below_n_min")
+        raise FailedPrecondition(
+            f"batch of {size} reports is below the campaign's n_min ({campaign.n_min}) and no operator"
+            " authorised a release below n_min (ReleaseBelowNMin)"
+        )
+
+    async def _check_devices(
+        self,
+        campaign: pb.Campaign,
+        randomiser: LocalRandomiser,
+        batch_id: str,
+        valid: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """Multi-message: refuse a batch that splits a device, or holds fewer than n_min devices
+        (unless the operator authorised batches below n_min)."""
+        counts = await asyncio.to_thread(_batch_counts, randomiser, valid)
+        problem = randomiser.incomplete_batch(counts)
+        if problem is not None:
+            self.metrics.batch("incomplete")
+            raise FailedPrecondition(f"batch {batch_id[:80]!r} is refused: {problem}")
+        devices = randomiser.devices(counts, len(valid))
+        least = campaign.n_min // _messages_per_device(randomiser)
+        if 0 < devices < least and self._clock() >= campaign.below_n_min_until_unix:
+            self.metrics.batch("below_n_min")
+            raise FailedPrecondition(
+                f"batch {batch_id[:80]!r} holds {devices} devices, below the campaign's n_min ({least})"
+                " and no operator authorised a release below n_min (ReleaseBelowNMin)"
+            )
 
     def _duplicate(self, batch: pb.ShuffledBatch, campaign_id: str, digest: bytes) -> pb.IngestBatchResponse:
         """Acknowledge a batch seen before (same content); a reused id with new content is refused."""
@@ -612,10 +734,21 @@ class AggregatorHandlers:
             if request.simultaneous
             else confidence
         )
-        estimates = randomiser.estimate(snapshot.counts, devices, level)
+        try:
+            estimates = (
+                randomiser.estimate(snapshot.counts, devices, level)
+                if devices
+                else [Estimate(0, 0.0, 0.0, 0.0, 0.0) for _ in campaign.labels]  # nothing counted yet
+            )
+        except ValueError as exc:  # counts the estimator cannot read (e.g. a replayed share)
+            raise FailedPrecondition(
+                f"campaign {campaign.id}: the counts cannot be estimated: {exc}"
+            ) from None
         processed = postprocess.apply(np.array([e.estimate for e in estimates]), devices, options)
         # The tightest accountant analyses take up to about a second (cached after): off the loop.
-        privacy = await asyncio.to_thread(privacy_statement, campaign, devices, snapshot.smallest_batch)
+        privacy = await asyncio.to_thread(
+            privacy_statement, campaign, devices, snapshot.smallest_batch, snapshot.batches
+        )
         budget = await asyncio.to_thread(manipulation_budget, randomiser, snapshot.counts, devices)
         return pb.QueryResponse(
             campaign_id=campaign.id,
@@ -716,6 +849,13 @@ class AggregatorHandlers:
     async def _key_info(self, key_id: int) -> pb.KeyInfo:
         listing = await self._key_listing()
         return next(info for info in listing.keys if info.key_id == key_id)
+
+
+def _batch_counts(randomiser: LocalRandomiser, valid: Sequence[tuple[bytes, bytes]]) -> list[int]:
+    """The count cells of one batch's valid messages."""
+    if not valid:
+        return [0] * randomiser.count_cells
+    return [int(c) for c in randomiser.tally([payload for _, payload in valid]).counts]
 
 
 def _counter(randomiser: LocalRandomiser) -> CountCells:

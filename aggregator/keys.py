@@ -89,10 +89,11 @@ class Keyring:
         self._lock = threading.Lock()
 
     @classmethod
-    def load_or_create(cls, data_dir: Path, create: bool = True) -> Keyring:
+    def load_or_create(cls, data_dir: Path, create: bool = True, key_group: int | None = None) -> Keyring:
         """Load ``data_dir/keys``; on first start (and ``create``) generate key 1.
 
-        Raises ConfigurationError (one line) for a missing, unreadable or over-permissive key.
+        Raises ConfigurationError (one line) for a missing, unreadable or over-permissive key; key files
+        may be shared with ``key_group`` only (the pod's fsGroup, ADR 0020).
         """
         directory = data_dir / KEYS_DIR
         index = directory / KEYRING_FILE
@@ -101,7 +102,7 @@ class Keyring:
         except OSError as exc:
             raise ConfigurationError(f"cannot read keyring {index}: {exc}") from exc
         if exists:
-            return cls._load(directory, index, create)
+            return cls._load(directory, index, create, key_group)
         if not create:
             raise ConfigurationError(f"no keyring at {index}; start the aggregator once to create one")
         return cls._create(directory)
@@ -130,7 +131,7 @@ class Keyring:
         return keyring
 
     @classmethod
-    def _load(cls, directory: Path, index: Path, create: bool) -> Keyring:
+    def _load(cls, directory: Path, index: Path, create: bool, key_group: int | None) -> Keyring:
         try:
             document = json.loads(index.read_text(encoding="utf-8"))
             entries = [_Entry.from_json(item) for item in document["keys"]]
@@ -144,8 +145,8 @@ class Keyring:
             )
         if len({e.key_id for e in entries}) != len(entries):
             raise ConfigurationError(f"keyring {index} lists a key id twice")
-        pairs = cls._load_pairs(directory, index, entries)
-        signing = cls._load_signing(directory, index, pinned, create)
+        pairs = cls._load_pairs(directory, index, entries, key_group)
+        signing = cls._load_signing(directory, index, pinned, create, key_group)
         keyring = cls(directory, entries, pairs, signing)
         if pinned is None and create:  # record the signing key of an upgraded keyring
             try:
@@ -155,7 +156,9 @@ class Keyring:
         return keyring
 
     @staticmethod
-    def _load_signing(directory: Path, index: Path, pinned: object, create: bool) -> SigningKey:
+    def _load_signing(
+        directory: Path, index: Path, pinned: object, create: bool, key_group: int | None
+    ) -> SigningKey:
         """The signing key; a keyring from before signatures gets one (when ``create``)."""
         path = directory / SIGNING_FILE
         if pinned is None and not path.exists() and create:
@@ -166,7 +169,7 @@ class Keyring:
                 raise ConfigurationError(f"cannot write signing key {path}: {exc}") from exc
             return signing
         try:
-            signing = SigningKey.load(path)
+            signing = SigningKey.load(path, key_group)
         except FileNotFoundError as exc:
             raise ConfigurationError(f"keyring {index} has no signing key: {path} is missing") from exc
         except PermissionError as exc:
@@ -178,7 +181,9 @@ class Keyring:
         return signing
 
     @staticmethod
-    def _load_pairs(directory: Path, index: Path, entries: list[_Entry]) -> dict[int, KeyPair]:
+    def _load_pairs(
+        directory: Path, index: Path, entries: list[_Entry], key_group: int | None
+    ) -> dict[int, KeyPair]:
         """Every key pair not destroyed, checked against its public key."""
         pairs: dict[int, KeyPair] = {}
         for entry in entries:
@@ -186,7 +191,7 @@ class Keyring:
                 continue
             path = directory / f"{entry.key_id}.key"
             try:
-                pair = KeyPair.load(path, entry.key_id)
+                pair = KeyPair.load(path, entry.key_id, key_group)
             except FileNotFoundError as exc:
                 raise ConfigurationError(f"keyring names key {entry.key_id} but {path} is missing") from exc
             except PermissionError as exc:

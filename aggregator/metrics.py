@@ -45,6 +45,12 @@ class AggregatorMetrics(ServiceMetrics):
             ["outcome"],
             registry=self.registry,
         )
+        self.operator_actions = Counter(
+            "deniable_aggregator_operator_actions",
+            "Recorded operator actions on campaigns (close_campaign, release_below_n_min).",
+            ["action"],
+            registry=self.registry,
+        )
         self.requests_failed = Counter(
             "deniable_aggregator_requests_failed",
             "RPCs that ended with a non-OK status, by method and status code.",
@@ -82,6 +88,10 @@ class AggregatorMetrics(ServiceMetrics):
     def batch(self, outcome: str) -> None:
         """Record one batch as ``ingested``, ``duplicate`` or ``refused``."""
         self.batches.labels(outcome=outcome).inc()
+
+    def operator_action(self, action: str) -> None:
+        """Record one operator action on a campaign."""
+        self.operator_actions.labels(action=action).inc()
 
     def failed(self, rpc: str, code: str) -> None:
         """Record one failed RPC."""

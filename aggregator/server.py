@@ -8,21 +8,24 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
+from deniable.aggregator.consume_nats import NatsConsumer
 from deniable.aggregator.handlers import DEFAULT_RETENTION_MARGIN_S, AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool
 from deniable.aggregator.servicer import AggregatorServicer
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
+from deniable.core import jetstream
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import HealthMonitor
+from deniable.core.jetstream import DEFAULT_ACK_WAIT_S
 from deniable.core.service import (
     DEFAULT_MAX_CONCURRENT_RPCS,
     MAX_MESSAGE_BYTES,
@@ -78,6 +81,12 @@ class AggregatorConfig:
     """How often drained keys are destroyed and expired report ids garbage-collected."""
     retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S
     """Report ids are kept this long after a campaign's window ends, then forgotten."""
+    nats: str | None = None
+    """Also take batches from this NATS JetStream URL (core/jetstream.py), as one more worker."""
+    nats_ack_wait_s: float = DEFAULT_ACK_WAIT_S
+    """How long a taken batch stays unacknowledged before JetStream gives it to another worker."""
+    key_group: int | None = None
+    """Accept key files shared with this group (the pod's fsGroup, ADR 0020); None: owner-only."""
 
 
 @dataclass
@@ -96,6 +105,7 @@ class RunningAggregator:
     lock: DataDirLock
     metrics_port: int | None = None
     sweeper: asyncio.Task[None] | None = None
+    nats: tuple[Any, NatsConsumer] | None = None
     _stopped: bool = field(default=False, repr=False)
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -108,6 +118,9 @@ class RunningAggregator:
         if self.sweeper is not None:
             self.sweeper.cancel()
             await asyncio.gather(self.sweeper, return_exceptions=True)
+        if self.nats is not None:
+            await self.nats[1].stop()
+            await self.nats[0].close()
         await self.server.stop(grace)
         await self.store.close()
         if self.executor is not None:
@@ -234,7 +247,7 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     try:
         _prepare_data_dir(config.data_dir)
         lock = DataDirLock(config.data_dir)
-        keyring = Keyring.load_or_create(config.data_dir)
+        keyring = Keyring.load_or_create(config.data_dir, key_group=config.key_group)
         store = await open_store(config.store, config.data_dir)
         executor = _decrypt_pool(config.decrypt_workers, metrics)
         if executor is not None:
@@ -269,6 +282,17 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         leftovers.remove()
         raise
     address = f"{host_of(config.listen)}:{port}"
+    nats = None
+    if config.nats is not None:
+        try:
+            nats = await _nats_consumer(config, handlers)
+        except BaseException:
+            await server.stop(0)
+            await store.close()
+            if executor is not None:
+                executor.executor.shutdown(wait=False, cancel_futures=True)
+            lock.release()
+            raise
     if config.insecure:
         warn_open("the aggregator")
     log.info(
@@ -288,7 +312,24 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         lock=lock,
         metrics_port=metrics_port,
         sweeper=asyncio.create_task(_sweep_keys(handlers, config.key_sweep_interval_s), name="key-sweep"),
+        nats=nats,
     )
+
+
+async def _nats_consumer(config: AggregatorConfig, handlers: AggregatorHandlers) -> tuple[Any, NatsConsumer]:
+    """Connect to JetStream, bind the shared durable consumer and start pulling batches."""
+    assert config.nats is not None
+    own = config.tls
+    tls = None if own is None else jetstream.tls_context(own.cert, own.key, own.ca)
+    client, js = await jetstream.connect(config.nats, tls, config.insecure)
+    consumer = NatsConsumer(js, handlers, ack_wait_s=config.nats_ack_wait_s)
+    try:
+        subscription = await consumer.subscribe()
+    except Exception as exc:
+        await client.close()
+        raise ConfigurationError(f"cannot consume from NATS at {config.nats}: {exc}") from exc
+    consumer.start(subscription)
+    return client, consumer
 
 
 async def _sweep_keys(handlers: AggregatorHandlers, interval_s: float) -> None:

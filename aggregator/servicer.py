@@ -125,3 +125,9 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
     ) -> pb.Campaign:
         """End a campaign's window now; the description is re-signed."""
         return await self._call("CloseCampaign", context, self._handlers.close_campaign(request))
+
+    async def ReleaseBelowNMin(  # noqa: N802 (gRPC method name)
+        self, request: pb.ReleaseBelowNMinRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
+    ) -> pb.Campaign:
+        """Operator: authorise batches below n_min for a while (recorded and stated)."""
+        return await self._call("ReleaseBelowNMin", context, self._handlers.release_below_n_min(request))

@@ -45,7 +45,7 @@ async def one_mode(root: Path, tls: bool, small: int, large: int) -> tuple[float
             tls=files("shuffler"),
             insecure=not tls,
             quota_per_source=0,
-            quiet_s=3600.0,
+            batch_interval_s=3600.0,
         )
     )
     operator = open_channel(

@@ -20,7 +20,6 @@ decryption ceiling; nothing here is a pass/fail assertion.
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from typing import Any, Final
 
 import grpc
 
-from deniable.cli import benchkit
+from deniable.cli import benchkit, render
 from deniable.cli.benchkit import ServiceProcess
 from deniable.core.batches import batch_digest
 from deniable.shuffler.forwarder import DEFAULT_WINDOW as FORWARD_WINDOW
@@ -194,6 +193,10 @@ class SinkAggregator(pb_grpc.AggregatorServicer):
         raise AssertionError("abort returned")
 
     async def BinarySum(self, request: pb.QueryRequest, context: Any) -> pb.QueryResponse:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
+        raise AssertionError("abort returned")
+
+    async def ReleaseBelowNMin(self, request: pb.ReleaseBelowNMinRequest, context: Any) -> pb.Campaign:  # noqa: N802
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
         raise AssertionError("abort returned")
 
@@ -366,7 +369,6 @@ async def _run(config: BenchConfig, workdir: Path) -> dict[str, Any]:
                 "data_dir": workdir / "shuffler-stage",
                 "upstream": sink_address,
                 "listen": "127.0.0.1:0",
-                "quiet_s": 3600.0,
                 "batch_interval_s": 3600.0,
                 "max_batch_reports": config.batch_reports,
             },
@@ -581,6 +583,6 @@ def run_bench(config: BenchConfig, json_path: Path | None = None) -> dict[str, A
     print(format_report(report))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        json_path.write_text(render.dumps(report) + "\n")
         print(f"wrote {json_path}")
     return report

@@ -20,7 +20,6 @@ pure protocol with support probabilities p, q: n q (1 - q) / (p - q)² + n_v (1 
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from typing import Any, Final, cast
 import numpy as np
 import numpy.typing as npt
 
-from deniable.cli import benchkit
+from deniable.cli import benchkit, render
 
 MECHANISMS: Final = ("grr", "oue", "olh")
 SPEEDUP_TARGET: Final = 10.0
@@ -351,6 +350,6 @@ def run_comparison(
     print(format_comparison(report))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        json_path.write_text(render.dumps(report) + "\n")
         print(f"wrote {json_path}")
     return report

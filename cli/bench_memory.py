@@ -12,14 +12,13 @@ exit. The limits below are what we state and check against; the run prints pass 
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from deniable.cli import benchkit
+from deniable.cli import benchkit, render
 from deniable.cli.bench import _campaign_request, ingest_batches, shuffled_batches, start_sink
 from deniable.cli.benchkit import ServiceProcess
 
@@ -80,7 +79,6 @@ async def _run(config: MemoryConfig, workdir: Path, progress: bool) -> dict[str,
                 "data_dir": workdir / "shuffler",
                 "upstream": sink_address,
                 "listen": "127.0.0.1:0",
-                "quiet_s": 3600.0,
                 "batch_interval_s": 3600.0,
                 "max_batch_reports": config.batch_reports,
                 "forward_deadline_s": 600.0,
@@ -177,6 +175,6 @@ def run_memory(config: MemoryConfig, json_path: Path | None = None, progress: bo
     print(format_memory(report))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        json_path.write_text(render.dumps(report) + "\n")
         print(f"wrote {json_path}")
     return report

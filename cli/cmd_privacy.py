@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from typing import TYPE_CHECKING, Any
+
+from deniable.cli import render
 
 if TYPE_CHECKING:
     from deniable.core.accounting.planner import Plan
@@ -252,7 +253,7 @@ def plan_command(args: argparse.Namespace) -> int:
         require_local_dp=args.require_local_dp,
     )
     if args.json:
-        print(json.dumps(chosen.to_dict(), indent=2))
+        print(render.dumps(chosen.to_dict()))
     else:
         print(plan_text(chosen))
     return 0
@@ -329,7 +330,7 @@ def amplify_command(args: argparse.Namespace) -> int:
     _check_limits(args)
     result = amplification(args.mechanism, args.epsilon0, args.n, args.delta, args.domain)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(render.dumps(result))
         return 0
     rows = [
         [
@@ -437,7 +438,7 @@ def profile_command(args: argparse.Namespace) -> int:
     if args.plot:
         plot_profile(result, args.plot)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(render.dumps(result))
         return 0
     local = "local ε0" if result["local_privacy"] else "parameter ε0 (shuffle-only protocol)"
     print(f"{args.mechanism}, {local} = {args.epsilon0:g}, n = {args.n}, k = {args.domain}")

@@ -2,14 +2,14 @@
 
 Starts an aggregator and a shuffler on free loopback ports in a temporary directory, creates a
 binary and an 8-bucket histogram campaign with known true distributions, runs simulated devices
-through the client SDK (randomise → encode → seal → outbox → gRPC), flushes the shuffler,
-queries the aggregator and compares the estimates with the truth.
+through the client SDK (randomise → encode → seal → outbox → gRPC), closes the campaigns (the
+shuffler releases every device in one batch: the batch target is the number of devices), queries
+the aggregator and compares the estimates and the stated central ε with the plan for that n.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import tempfile
 import time
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
+from deniable.cli import render
 from deniable.cli.render import answer_json, answer_table, plot_answers, privacy_line
 from deniable.client import GrpcTransport, Outbox, Reporter, Transport
 from deniable.client.mqtt import MqttTransport
@@ -119,10 +120,12 @@ def demo_campaigns(
     )
     for request in (binary, histogram):
         request.delta = delta
+        request.batch_target = devices  # the guarantee is planned for every device in one shuffle
         if mechanism and request.mechanism == pb.Mechanism.Value(mechanism.upper()):
             request.params.update(chosen_params)
             if "expected_n" in chosen_params:  # shuffle-only: its guarantee is planned for one batch of all
-                request.n_min = _one_batch_n_min(mechanism, len(request.labels), devices, chosen_params)
+                domain = len(request.labels) or 2  # a binary request carries no labels
+                request.n_min = _one_batch_n_min(mechanism, domain, devices, chosen_params)
         if target_epsilon is not None:
             request.epsilon0 = 0.0
             request.target_epsilon = target_epsilon
@@ -254,7 +257,11 @@ async def run_pipeline(
                 outbox.close()
                 await transport.close()
             started = time.perf_counter()
-            await shuffler.flush()
+            for campaign in campaigns:  # the window closes: the shuffler releases what it holds
+                await operator.CloseCampaign(
+                    pb.KeyCloseCampaignRequest(campaign_id=campaign.request.id), timeout=30
+                )
+                await shuffler.flush(campaign.request.id)
             for campaign in campaigns:
                 campaign.answer = await _wait_counted(operator, campaign, timeout_s=120)
                 campaign.timings["flush_count_s"] = time.perf_counter() - started
@@ -301,16 +308,24 @@ def error_comparison(campaign: DemoCampaign) -> dict[str, Any]:
     expected = float(np.sqrt(np.mean(mse if bias is None else mse + bias * bias)))  # at this truth
     epsilon = answer.privacy.central_epsilon
     delta = answer.privacy.delta or created.delta
-    laplace = central_laplace(epsilon, delta, len(created.labels))
     out: dict[str, Any] = {
         "observed_rmse": observed,
         "expected_std_error": expected,
-        "central_laplace_std_error": laplace.std_error,
-        "central_laplace": {"epsilon": epsilon, "delta": delta, "sensitivity": laplace.sensitivity},
-        "error_ratio": observed / laplace.std_error,
-        "expected_error_ratio": expected / laplace.std_error,
+        "central_laplace_std_error": None,
+        "central_laplace": None,
+        "error_ratio": None,
+        "expected_error_ratio": None,
         "planned": None,
+        "plan_at_target": plan_at_target(created, int(answer.privacy.batch_target), epsilon),
     }
+    if math.isfinite(epsilon) and epsilon > 0:
+        laplace = central_laplace(epsilon, delta, len(created.labels))
+        out.update(
+            central_laplace_std_error=laplace.std_error,
+            central_laplace={"epsilon": epsilon, "delta": delta, "sensitivity": laplace.sensitivity},
+            error_ratio=observed / laplace.std_error,
+            expected_error_ratio=expected / laplace.std_error,
+        )
     if created.target_epsilon:
         bound = randomiser.central_guarantee(int(created.expected_n), created.delta)
         out["planned"] = {
@@ -324,6 +339,24 @@ def error_comparison(campaign: DemoCampaign) -> dict[str, Any]:
             "analysis": bound.analysis,
         }
     return out
+
+
+def plan_at_target(created: pb.Campaign, target: int, stated: float) -> dict[str, Any]:
+    """The central ε the campaign's mechanism gives at its batch target (the plan), beside the stated one."""
+    from deniable.core.campaigns import randomiser_for
+
+    if target <= 0:
+        return {"batch_target": target, "central_epsilon": None, "reason": "no batch target", "kept": None}
+    bound = randomiser_for(created).central_guarantee(target, created.delta)
+    planned = bound.epsilon if math.isfinite(bound.epsilon) else None
+    kept = None if planned is None or not math.isfinite(stated) else stated <= planned * (1 + 1e-9)
+    return {
+        "batch_target": target,
+        "central_epsilon": planned,
+        "analysis": bound.analysis,
+        "reason": None if planned is not None else (bound.note or "no finite epsilon at the target"),
+        "kept": kept,
+    }
 
 
 def run_demo(
@@ -406,7 +439,7 @@ def run_demo(
     print(comparison_text(report["campaigns"], target_epsilon))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        json_path.write_text(render.dumps(report) + "\n")
         print(f"wrote {json_path}")
     if plot_path is not None:
         plot_answers(
@@ -422,8 +455,14 @@ def report_mechanism(answer: pb.QueryResponse) -> str:
     return pb.Mechanism.Name(answer.mechanism).lower()
 
 
+def _number(value: float | None, spec: str, suffix: str = "") -> str:
+    """A table cell: the formatted number, or "n/a" where there is none (e.g. ε not finite)."""
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
 def comparison_text(entries: Sequence[dict[str, Any]], target_epsilon: float | None) -> str:
-    """The plan (if any) and the error table against central Laplace at the same (ε, δ)."""
+    """The plan (if any), the stated ε against the plan at the batch target, and the error table
+    against central Laplace at the same (ε, δ)."""
     lines = []
     if target_epsilon is not None:
         lines.append(f"\nplanned by the aggregator for the target central ε = {target_epsilon:g}:")
@@ -435,6 +474,17 @@ def comparison_text(entries: Sequence[dict[str, Any]], target_epsilon: float | N
                 f" (ε, δ) = ({p['central_epsilon']:.4f}, {p['delta']:g}) at n = {p['expected_n']}"
                 f" ({p['analysis']})"
             )
+    lines.append("\nstated central ε against the plan at the batch target (smallest batch / batches):")
+    for e in entries:
+        plan = e["plan_at_target"]
+        stated = _number(e["central_epsilon"], ".4f")
+        planned = _number(plan["central_epsilon"], ".4f")
+        verdict = {True: "kept", False: "NOT kept", None: "n/a"}[plan["kept"]]
+        why = f" ({e['central_epsilon_unavailable']})" if e["central_epsilon_unavailable"] else ""
+        lines.append(
+            f"  {e['id']:12} stated {stated} at {e['smallest_batch']} devices / {e['batches']} batch(es);"
+            f" planned {planned} at {plan['batch_target']}: {verdict}{why}"
+        )
     lines.append(
         "\nerror per count: the shuffled protocol (observed RMSE over buckets on this data, and its"
         " expected\nRMSE at this truth) beside central Laplace at the same (ε, δ) (expected std"
@@ -445,9 +495,11 @@ def comparison_text(entries: Sequence[dict[str, Any]], target_epsilon: float | N
         f" {'Laplace':>8} {'observed/Laplace':>16} {'expected/Laplace':>16}"
     )
     for e in entries:
+        ratio = _number(e["error_ratio"], "15.1f", "×")
+        expected_ratio = _number(e["expected_error_ratio"], "15.1f", "×")
         lines.append(
-            f"  {e['id']:12} {e['mechanism']:18} {e['central_epsilon']:9.4f} {e['observed_rmse']:9.2f}"
-            f" {e['expected_std_error']:9.2f} {e['central_laplace_std_error']:8.3f}"
-            f" {e['error_ratio']:15.1f}× {e['expected_error_ratio']:15.1f}×"
+            f"  {e['id']:12} {e['mechanism']:18} {_number(e['central_epsilon'], '9.4f'):>9}"
+            f" {e['observed_rmse']:9.2f} {e['expected_std_error']:9.2f}"
+            f" {_number(e['central_laplace_std_error'], '8.3f'):>8} {ratio:>16} {expected_ratio:>16}"
         )
     return "\n".join(lines)

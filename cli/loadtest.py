@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import tempfile
 import time
@@ -37,7 +36,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from deniable.cli import benchkit
+from deniable.cli import benchkit, render
 from deniable.cli.benchkit import ServiceProcess
 from deniable.client.transport import RETRYABLE_CODES
 from deniable.v1 import deniable_pb2 as pb
@@ -262,6 +261,7 @@ def _campaign_request(config: LoadConfig) -> pb.CreateCampaignRequest:
         epsilon0=config.epsilon0,
         delta=1e-6,
         n_min=min(1000, config.devices),
+        batch_target=min(50_000, config.devices),  # released in batches of 50,000 (the rest at the end)
     )
 
 
@@ -614,7 +614,7 @@ def run_loadtest(config: LoadConfig) -> dict[str, Any]:
         print(f"wrote {path}")
     if config.json_path is not None:
         config.json_path.parent.mkdir(parents=True, exist_ok=True)
-        config.json_path.write_text(json.dumps(result, indent=2) + "\n")
+        config.json_path.write_text(render.dumps(result) + "\n")
         print(f"wrote {config.json_path}")
     return result
 

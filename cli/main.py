@@ -10,18 +10,20 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
-import json
 import os
 import pkgutil
 import ssl
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
+from deniable.cli import render
 from deniable.cli.render import guarantee_words
+from deniable.cli.windows import parse_window
 from deniable.core import mqtt
 from deniable.core.campaigns import local_epsilon, mechanism_has_local_guarantee
 from deniable.core.errors import ConfigurationError
@@ -37,6 +39,56 @@ DEFAULT_SHUFFLER = "127.0.0.1:7701"
 DEFAULT_SHUFFLER_OPERATOR = "127.0.0.1:7702"
 DEFAULT_QUOTA = 1000
 T = TypeVar("T")
+
+
+def _env_int(name: str) -> int | None:
+    """An integer from the environment (None when unset); a clear error when it is not one."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise SystemExit(f"deniable: error: ${name} must be an integer, not {text!r}") from None
+
+
+def secret_from_env(name: str) -> str | None:
+    """``$NAME``, else the stripped contents of the file ``$NAME_FILE`` (a mounted secret), else None."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    path = os.environ.get(f"{name}_FILE")
+    return read_secret(Path(path)) if path else None
+
+
+def read_secret(path: Path) -> str | None:
+    """A secret file's stripped contents (None if empty); one-line ConfigurationError if unreadable."""
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the secret file {path}: {exc.strerror or exc}") from None
+
+
+def store_dsn(flag: str | None, path: Path | None) -> str | None:
+    """The aggregator's store DSN: --store, --store-file, $DENIABLE_STORE, $DENIABLE_STORE_FILE, in order.
+
+    Files and the environment keep a PostgreSQL password out of argv (docs/storage.md, deploy/).
+    """
+    if flag:
+        return flag
+    if path is not None:
+        return read_secret(path)
+    return secret_from_env("DENIABLE_STORE")
+
+
+def spool_store_dsn(flag: str | None, path: Path | None) -> str | None:
+    """The shuffler's spool DSN, as ``store_dsn``: --spool-store, --spool-store-file,
+    $DENIABLE_SPOOL_STORE, $DENIABLE_SPOOL_STORE_FILE, in order (None: SQLite)."""
+    if flag:
+        return flag
+    if path is not None:
+        return read_secret(path)
+    return secret_from_env("DENIABLE_SPOOL_STORE")
 
 
 def _positive_int(text: str) -> int:
@@ -132,11 +184,41 @@ def build_parser() -> argparse.ArgumentParser:
         " reports of it are rejected as CAMPAIGN_CLOSED (default 7 days)",
     )
     agg_serve.add_argument(
+        "--nats",
+        default=None,
+        metavar="URL",
+        help="also take batches from this NATS JetStream (nats://host:4222), as one more worker"
+        " (default: gRPC IngestBatch only)",
+    )
+    agg_serve.add_argument(
+        "--nats-ack-wait",
+        type=_positive_float,
+        default=60.0,
+        help="seconds a worker may hold a batch unacknowledged before it is redelivered (default 60)",
+    )
+    agg_serve.add_argument(
         "--store",
         default=None,
         metavar="DSN",
         help="counts and campaigns in this PostgreSQL database (postgresql://user:pw@host:port/db);"
-        " default: SQLite in the data directory",
+        " default: SQLite in the data directory. Prefer --store-file or the environment:"
+        " argv is visible to every local user",
+    )
+    agg_serve.add_argument(
+        "--store-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="read the store DSN from this file (a mounted secret); without either option:"
+        " $DENIABLE_STORE, else the file $DENIABLE_STORE_FILE",
+    )
+    agg_serve.add_argument(
+        "--key-group",
+        type=int,
+        default=_env_int("DENIABLE_KEY_GROUP"),
+        metavar="GID",
+        help="accept key files readable by this group, the process's own (Kubernetes fsGroup, ADR"
+        " 0020); default $DENIABLE_KEY_GROUP, else owner-only (0600)",
     )
 
     shuffler = sub.add_parser("shuffler", help="the shuffler service").add_subparsers(
@@ -146,6 +228,30 @@ def build_parser() -> argparse.ArgumentParser:
     shuf_serve.add_argument("--listen", default=DEFAULT_SHUFFLER)
     shuf_serve.add_argument("--data-dir", type=Path, required=True)
     shuf_serve.add_argument("--upstream", default=DEFAULT_AGGREGATOR, help="aggregator address")
+    shuf_serve.add_argument(
+        "--forward-nats",
+        default=None,
+        metavar="URL",
+        help="forward batches to this NATS JetStream (nats://host:4222) instead of gRPC;"
+        " campaigns still come from --upstream (default: gRPC forwarding)",
+    )
+    shuf_serve.add_argument(
+        "--spool-store",
+        default=None,
+        metavar="DSN",
+        help="spool in this PostgreSQL database, shareable by several shufflers"
+        " (postgresql://user@host:port/db; password from $PGPASSWORD or $PGPASSFILE);"
+        " default: SQLite in the data directory. Prefer --spool-store-file or the environment:"
+        " argv is visible to every local user",
+    )
+    shuf_serve.add_argument(
+        "--spool-store-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="read the spool DSN from this file (a mounted secret); without either option:"
+        " $DENIABLE_SPOOL_STORE, else the file $DENIABLE_SPOOL_STORE_FILE",
+    )
     shuf_serve.add_argument("--metrics-port", type=int, default=None)
     _add_server_tls_options(shuf_serve)
     shuf_serve.add_argument(
@@ -173,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="MQTT 5 shared subscription: shuffler replicas split the requests",
     )
     shuf_serve.add_argument(
-        "--mqtt-username", default=None, help="broker login (password: $DENIABLE_MQTT_PASSWORD)"
+        "--mqtt-username",
+        default=None,
+        help="broker login (password: $DENIABLE_MQTT_PASSWORD, or the file $DENIABLE_MQTT_PASSWORD_FILE)",
     )
     shuf_serve.add_argument(
         "--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file"
@@ -187,7 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_client_tls_options(flush)
     flush.add_argument("--campaign", default="", help="only this campaign (default: all)")
-    flush.add_argument("--below-n-min", action="store_true", help="also forward batches smaller than n_min")
+    flush.add_argument(
+        "--below-n-min",
+        action="store_true",
+        help="also forward batches smaller than n_min (first recorded at the aggregator, which states it;"
+        " needs --campaign)",
+    )
+    flush.add_argument("--aggregator", default=DEFAULT_AGGREGATOR, help="where --below-n-min is recorded")
 
     campaign = sub.add_parser("campaign", help="create and list campaigns").add_subparsers(
         dest="action", required=True
@@ -226,11 +340,27 @@ def build_parser() -> argparse.ArgumentParser:
         default="x25519",
         help="HPKE KEM devices seal to (x25519-mlkem768: post-quantum hybrid, 1136 bytes per report)",
     )
+    create.add_argument(
+        "--window",
+        default=None,
+        help="collection window: a duration from now (90m, 2h, 7d) or an ISO end time (default 7d)",
+    )
+    create.add_argument(
+        "--batch-target",
+        type=_positive_int,
+        default=0,
+        help="devices per released batch (default: --expected-n if planned, else n_min)",
+    )
     create.add_argument("--json", action="store_true")
     _add_client_tls_options(create)
-    close = campaign.add_parser("close", help="end a campaign's window now (re-signed)")
+    close = campaign.add_parser(
+        "close", help="end a campaign's window now (re-signed); the shuffler releases what it holds"
+    )
     close.add_argument("campaign")
     close.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    close.add_argument(
+        "--shuffler", default=None, help="also tell this shuffler's operator port now (else it learns it)"
+    )
     _add_client_tls_options(close)
     show_campaign = campaign.add_parser("show", help="one campaign's descriptor, with both guarantees")
     show_campaign.add_argument("campaign")
@@ -352,7 +482,7 @@ async def _call(
 
 
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2))
+    print(render.dumps(data))
 
 
 def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
@@ -369,6 +499,10 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         or (None if mechanism_has_local_guarantee(c) else c.epsilon0),
         "delta": c.delta,
         "n_min": c.n_min,
+        "batch_target": c.batch_target,
+        "window_start_unix": c.window_start_unix,
+        "window_end_unix": c.window_end_unix,
+        "closed": c.closed,
         "key_id": c.key_id,
         "hpke_suite": c.hpke_suite,
         "ciphertext_length": c.ciphertext_length,
@@ -378,6 +512,20 @@ def _campaign_dict(c: pb.Campaign) -> dict[str, Any]:
         "params": dict(c.params),
         "signature": c.signature.hex(),
     }
+
+
+def _flush_line(flushed: pb.FlushResponse) -> str:
+    """What a flush did, and any campaign whose window closed with fewer than n_min held."""
+    line = (
+        f"forwarded {flushed.reports_forwarded} reports in {flushed.batches_forwarded} batches;"
+        f" {flushed.reports_held} held"
+    )
+    for held in flushed.window_held:
+        line += (
+            f"\nwindow of {held.campaign_id} closed with {held.pending} reports, fewer than n_min"
+            f" ({held.n_min}): held (release with --below-n-min --campaign {held.campaign_id})"
+        )
+    return line
 
 
 def _print_campaign(c: pb.Campaign) -> None:
@@ -431,7 +579,7 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
 
     broker = BrokerAddress.parse(args.mqtt)
     tls = _mqtt_tls(args.mqtt_ca)
-    password = os.environ.get("DENIABLE_MQTT_PASSWORD")
+    password = secret_from_env("DENIABLE_MQTT_PASSWORD")
     broker = dataclasses.replace(broker, username=args.mqtt_username, password=password, tls=tls)
     return MqttIngressConfig(
         broker=broker, prefix=mqtt.check_prefix(args.mqtt_prefix), shared_subscription=args.mqtt_shared
@@ -475,11 +623,14 @@ def _run(args: argparse.Namespace) -> int:
                         default_decrypt_workers() if args.decrypt_workers is None else args.decrypt_workers
                     ),
                     metrics_port=args.metrics_port,
-                    store=args.store,
+                    store=store_dsn(args.store, args.store_file),
+                    key_group=args.key_group,
                     tls=server_tls(args),
                     insecure=args.insecure,
                     key_drain_s=args.key_drain_s,
                     retention_margin_s=args.retention_margin,
+                    nats=args.nats,
+                    nats_ack_wait_s=args.nats_ack_wait,
                 )
             )
         )
@@ -493,6 +644,8 @@ def _run(args: argparse.Namespace) -> int:
                     data_dir=args.data_dir,
                     upstream=args.upstream,
                     listen=args.listen,
+                    spool_store=spool_store_dsn(args.spool_store, args.spool_store_file),
+                    forward_nats=args.forward_nats,
                     metrics_port=args.metrics_port,
                     mqtt=_mqtt_ingress(args),
                     tls=server_tls(args),
@@ -506,16 +659,35 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.command == "shuffler" and args.action == "flush":
-        request = pb.FlushRequest(campaign_id=args.campaign, below_n_min=args.below_n_min)
         tls = client_tls(args)
+        if args.below_n_min:
+            if not args.campaign:
+                raise ValueError("--below-n-min needs --campaign (it is authorised per campaign)")
+            release = pb.ReleaseBelowNMinRequest(campaign_id=args.campaign)
+            asyncio.run(_call(args.aggregator, lambda s: s.ReleaseBelowNMin(release, timeout=30), tls=tls))
+            print(f"recorded at the aggregator: batches of {args.campaign} below n_min authorised")
+        request = pb.FlushRequest(campaign_id=args.campaign, below_n_min=args.below_n_min)
         target = args.shuffler or (DEFAULT_SHUFFLER if tls is None else DEFAULT_SHUFFLER_OPERATOR)
         flushed: pb.FlushResponse = asyncio.run(
             _call(target, lambda s: s.Flush(request, timeout=300), "shuffler", tls)
         )
-        print(
-            f"forwarded {flushed.reports_forwarded} reports in {flushed.batches_forwarded} batches;"
-            f" {flushed.reports_held} held"
+        print(_flush_line(flushed))
+        return 0
+    if args.command == "campaign" and args.action == "close":
+        closing = pb.KeyCloseCampaignRequest(campaign_id=args.campaign)
+        operator_tls = client_tls(args)
+        closed: pb.Campaign = asyncio.run(
+            _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30), tls=operator_tls)
         )
+        print(
+            f"closed {closed.id}: window ended at {closed.window_end_unix} (Unix time); description re-signed"
+        )
+        if args.shuffler:
+            flush_one = pb.FlushRequest(campaign_id=args.campaign)
+            done: pb.FlushResponse = asyncio.run(
+                _call(args.shuffler, lambda s: s.Flush(flush_one, timeout=300), "shuffler", operator_tls)
+            )
+            print(_flush_line(done))
         return 0
     if args.command == "campaign" and args.action == "create":
         kind = pb.BINARY if args.kind == "binary" else pb.CATEGORICAL
@@ -523,6 +695,7 @@ def _run(args: argparse.Namespace) -> int:
         mechanism = pb.Mechanism.Value(args.mechanism.upper()) if args.mechanism else pb.MECHANISM_UNSPECIFIED
         if (args.target_epsilon is None) != (args.expected_n == 0):
             raise ValueError("--target-epsilon and --expected-n go together (or give --epsilon0 alone)")
+        window_s, window_end = (0, 0) if args.window is None else parse_window(args.window, time.time())
         create = pb.CreateCampaignRequest(
             id=args.id,
             question=args.question,
@@ -536,6 +709,9 @@ def _run(args: argparse.Namespace) -> int:
             n_min=args.n_min,
             device_budget_epsilon=args.budget,
             quota_per_source=args.quota_per_source,
+            window_s=window_s,
+            window_end_unix=window_end,
+            batch_target=args.batch_target,
             kem=args.kem,
         )
         tls = client_tls(args)
@@ -552,7 +728,8 @@ def _run(args: argparse.Namespace) -> int:
             print(
                 f"created {created.id}: {len(created.labels)} buckets,"
                 f" {guarantee_words(mechanism_has_local_guarantee(created), created.epsilon0)},"
-                f" n_min = {created.n_min}, key {created.key_id}"
+                f" n_min = {created.n_min}, batch target {created.batch_target} messages,"
+                f" window ends {created.window_end_unix} (Unix time), key {created.key_id}"
             )
             if created.target_epsilon:
                 print(
@@ -561,13 +738,6 @@ def _run(args: argparse.Namespace) -> int:
                     f" for central ε ≤ {created.target_epsilon:g} at δ = {created.delta:g}"
                     f" in shuffles of n ≥ {created.expected_n}"
                 )
-        return 0
-    if args.command == "campaign" and args.action == "close":
-        closing = pb.KeyCloseCampaignRequest(campaign_id=args.campaign)
-        closed: pb.Campaign = asyncio.run(
-            _call(args.aggregator, lambda s: s.CloseCampaign(closing, timeout=30), tls=client_tls(args))
-        )
-        print(f"closed {closed.id} at {closed.window_end_unix}; description re-signed")
         return 0
     if args.command == "campaign" and args.action == "list":
         listed: pb.ListCampaignsResponse = asyncio.run(

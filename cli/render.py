@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,17 @@ def privacy_line(privacy: pb.PrivacyStatement) -> str:
         if privacy.local_guarantee
         else "no local guarantee (a shuffle-model protocol: each report alone is not private)"
     )
+    if not math.isfinite(privacy.central_epsilon):
+        reason = privacy.epsilon_unavailable or privacy.note or "no analysis applies"
+        batch = privacy.smallest_batch
+        return f"{local}; no central guarantee can be stated at the smallest batch ({batch}): {reason}"
     if privacy.amplified:
         central = (
             f"central (ε, δ) = ({privacy.central_epsilon:.4g}, {privacy.delta:.3g})"
             + (" after shuffling" if privacy.local_guarantee else " for the released counts")
-            + f" (smallest batch {privacy.smallest_batch}; {privacy.analysis})"
+            + f" (computed at the smallest batch, {privacy.smallest_batch} devices, of {privacy.batches}"
+            + (f"; batch target {privacy.batch_target}" if privacy.batch_target else "")
+            + f"; {privacy.analysis})"
         )
         if privacy.evaluated_n:
             central += (
@@ -59,10 +67,10 @@ def answer_rows(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
             row["true_count"] = int(truth[index])
         row.update(
             raw_count=int(bucket.raw_count),
-            estimate=bucket.estimate,
-            std_error=bucket.std_error,
-            ci_low=bucket.ci_low,
-            ci_high=bucket.ci_high,
+            estimate=finite(bucket.estimate),
+            std_error=finite(bucket.std_error),
+            ci_low=finite(bucket.ci_low),
+            ci_high=finite(bucket.ci_high),
         )
         if answer.post_processing_applied:
             row.update(processed=bucket.processed, suppressed=bucket.suppressed)
@@ -70,9 +78,17 @@ def answer_rows(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
     return rows
 
 
+def finite(value: float) -> float | None:
+    """The value, or None (JSON null) where it is infinite or NaN: strict JSON has neither."""
+    return value if math.isfinite(value) else None
+
+
 def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) -> dict[str, Any]:
-    """A whole query answer as a JSON-ready dict."""
+    """A whole query answer as a JSON-ready dict (strict JSON: no Infinity, no NaN)."""
     privacy = answer.privacy
+    unavailable = privacy.epsilon_unavailable or (
+        "" if math.isfinite(privacy.central_epsilon) else "no finite central epsilon can be stated"
+    )
     return {
         "id": answer.campaign_id,
         "mechanism": mechanism_name(answer.mechanism),
@@ -82,8 +98,14 @@ def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
         "epsilon0": privacy.epsilon0,
         "local_guarantee": privacy.local_guarantee,
         "local_epsilon": privacy.epsilon0 if privacy.local_guarantee else None,
-        "central_epsilon": privacy.central_epsilon,
+        "central_epsilon": finite(privacy.central_epsilon),
+        "central_epsilon_unavailable": unavailable or None,
         "delta": privacy.delta,
+        "smallest_batch": int(privacy.smallest_batch),
+        "batches": int(privacy.batches),
+        "batch_target": int(privacy.batch_target),
+        "below_n_min_authorised": privacy.below_n_min_authorised,
+        "privacy_note": privacy.note,
         "analysis": privacy.analysis,
         "amplified": privacy.amplified,
         "evaluated_n": int(privacy.evaluated_n) or None,
@@ -201,3 +223,19 @@ def plot_answers(answers: Sequence[tuple[str, pb.QueryResponse, Sequence[int]]],
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def strict(data: Any) -> Any:
+    """``data`` with every infinite or NaN float replaced by None: JSON has no Infinity or NaN."""
+    if isinstance(data, float):
+        return finite(data)
+    if isinstance(data, dict):
+        return {key: strict(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [strict(value) for value in data]
+    return data
+
+
+def dumps(data: Any) -> str:
+    """Strict, indented JSON (``allow_nan=False`` after ``strict``): what every CLI writes."""
+    return json.dumps(strict(data), indent=2, allow_nan=False)

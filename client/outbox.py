@@ -2,6 +2,8 @@
 
 A report enters in the same transaction as its siblings and leaves only when the shuffler has
 accepted it (durably spooled) or rejected it permanently, so a crash or an outage loses nothing.
+The messages of one answer share an ``answer`` number (local, never sent) so that they always
+travel in one request: the shuffler never splits a request over batches (ADR 0014).
 Delivery is at-least-once: a crash between an acknowledgement and ``remove`` resends the report,
 and the aggregator drops the duplicate by its report id.
 """
@@ -25,10 +27,13 @@ CREATE TABLE IF NOT EXISTS outbox (
     campaign_id TEXT NOT NULL,
     key_id INTEGER NOT NULL,
     ciphertext BLOB NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0
+    attempts INTEGER NOT NULL DEFAULT 0,
+    answer INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS outbox_by_campaign ON outbox (campaign_id, id);
 """
+_ADD_ANSWER = "ALTER TABLE outbox ADD COLUMN answer INTEGER NOT NULL DEFAULT 0"
+"""Outboxes written before answers were numbered: their rows become answer 0 (sent as before)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,9 @@ class Outbox:
         self._db: sqlite3.Connection | None = open_database(self.path)
         self._lock = threading.Lock()
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
+        if "answer" not in columns:
+            self._db.execute(_ADD_ANSWER)
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -77,7 +85,8 @@ class Outbox:
             db.execute("COMMIT")
 
     def add_many(self, reports: Iterable[pb.EncryptedReport]) -> int:
-        """Store every report in one durable transaction; returns how many were stored."""
+        """Store every report in one durable transaction, as independent reports (answer 0: never
+        grouped); returns how many were stored. Multi-message answers go through ``add_answers``."""
         rows = [(r.campaign_id, r.key_id, bytes(r.ciphertext)) for r in reports]
         if not rows:
             return 0
@@ -85,18 +94,37 @@ class Outbox:
             db.executemany("INSERT INTO outbox (campaign_id, key_id, ciphertext) VALUES (?, ?, ?)", rows)
         return len(rows)
 
+    def add_answers(self, answers: Iterable[Sequence[pb.EncryptedReport]]) -> int:
+        """Store several answers (each its messages) in one durable transaction; returns messages stored."""
+        with self._transaction() as db:
+            row = db.execute("SELECT COALESCE(MAX(answer), 0) FROM outbox").fetchone()
+            rows = [
+                (r.campaign_id, r.key_id, bytes(r.ciphertext), int(row[0]) + number)
+                for number, answer in enumerate(answers, start=1)
+                for r in answer
+            ]
+            db.executemany(
+                "INSERT INTO outbox (campaign_id, key_id, ciphertext, answer) VALUES (?, ?, ?, ?)", rows
+            )
+        return len(rows)
+
     def pending(self, limit: int, campaign_id: str | None = None) -> list[OutboxRow]:
-        """Up to ``limit`` oldest reports, of one campaign if given."""
+        """About ``limit`` oldest reports, of one campaign if given: the last answer is completed,
+        so an answer's messages are never split over two requests."""
         if limit <= 0:
             return []
-        sql = "SELECT id, campaign_id, key_id, ciphertext, attempts FROM outbox"
-        params: tuple[object, ...] = (limit,)
-        if campaign_id is not None:
-            sql += " WHERE campaign_id = ?"
-            params = (campaign_id, limit)
+        sql = "SELECT id, campaign_id, key_id, ciphertext, attempts, answer FROM outbox"
+        where = "" if campaign_id is None else " WHERE campaign_id = ?"
+        scope: tuple[object, ...] = () if campaign_id is None else (campaign_id,)
         with self._lock:
-            cursor = self._conn().execute(sql + " ORDER BY id LIMIT ?", params)
-            return [OutboxRow(int(i), str(c), int(k), bytes(ct), int(a)) for i, c, k, ct, a in cursor]
+            db = self._conn()
+            rows = db.execute(sql + where + " ORDER BY id LIMIT ?", (*scope, limit)).fetchall()
+            if len(rows) == limit and rows[-1][5]:
+                rest = " AND answer = ? AND id > ?" if where else " WHERE answer = ? AND id > ?"
+                rows += db.execute(
+                    sql + where + rest + " ORDER BY id", (*scope, rows[-1][5], rows[-1][0])
+                ).fetchall()
+        return [OutboxRow(int(i), str(c), int(k), bytes(ct), int(a)) for i, c, k, ct, a, _ in rows]
 
     def remove(self, ids: Sequence[int]) -> int:
         """Delete the given reports in one transaction; returns how many existed."""

@@ -376,7 +376,7 @@ class Reporter:
         if self.ledger is not None:
             self._book(self.ledger)
         sealed = self._seal(value)
-        self.outbox.add_many([report for _, report in sealed])
+        self.outbox.add_answers([[report for _, report in sealed]])
         return sealed[0][0]
 
     def _book(self, ledger: BudgetLedger) -> None:
@@ -408,12 +408,12 @@ class Reporter:
             )
         payloads = self.randomiser.randomise_many(values)
         bar = progress_bar(len(payloads), "seal", "device", progress)
-        reports: list[pb.EncryptedReport] = []
+        answers: list[list[pb.EncryptedReport]] = []
         for payload in payloads:
-            reports.extend(report for _, report in self._seal_payload(payload))
+            answers.append([report for _, report in self._seal_payload(payload)])
             bar.update(1)
         bar.close()
-        return self.outbox.add_many(reports)
+        return self.outbox.add_answers(answers)
 
     async def send_pending(
         self,

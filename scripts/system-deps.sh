@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs beyond Python: mosquitto (the MQTT broker the MQTT
+# Debian packages the test suite needs beyond Python: kubectl (tests/deploy), mosquitto (the MQTT broker the MQTT
 # transport tests start) and postgresql (the server binaries the PostgreSQL store tests run
-# with initdb/pg_ctl in a temporary directory). Installs only what is missing; needs root or sudo.
+# with initdb/pg_ctl in a temporary directory) and nats-server (JetStream, started by the NATS
+# tests on a free loopback port). Installs only what is missing; needs root or sudo.
 set -euo pipefail
 need=()
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+[ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+# kubectl renders deploy/k8s overlays (`kubectl kustomize`, tests/deploy). The machine image ships
+# kubectl 1.32 (kustomize v5.5); Debian's kubernetes-client is the fallback, but its kubectl 1.20
+# embeds kustomize v2, too old for `labels:`/`patches:`: tests/deploy then fail saying so.
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "installing Debian packages: ${need[*]}" >&2
 sudo=()

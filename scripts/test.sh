@@ -12,5 +12,6 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   . .venv/bin/activate
 fi
 python -m pip install -q --disable-pip-version-check -e ".[dev]"
+scripts/deploy-tools.sh  # hadolint, check-jsonschema, kubernetes-validate, checkov (tests/deploy)
 scripts/check.sh
 python -m pytest "$@"

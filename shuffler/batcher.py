@@ -1,7 +1,9 @@
 """Batch policy: when a campaign's pending reports become permuted batches, and how they are split.
 
-Privacy first: below the campaign's n_min nothing is batched unless an operator overrides it.
-The only timing state is one last-arrival time per campaign, in memory; nothing per report.
+A campaign is released when its batch target is reached, when its window closes (if at least
+n_min are held; otherwise they stay held and the operator is told), or when the operator forces
+it. Never on a quiet period, and never below n_min without the operator's override. A campaign
+whose requests must stay whole (multi-message) is cut only between requests (ADR 0014).
 """
 
 from __future__ import annotations
@@ -10,15 +12,17 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from deniable.core.rng import default_rng
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.errors import Unavailable
-from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.metrics import ShufflerMetrics
+from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import Permutation, SpoolStore
+from deniable.v1 import deniable_pb2 as pb
 
 log = logging.getLogger("deniable.shuffler.batcher")
 
@@ -43,17 +47,44 @@ def chunk_sizes(pending: int, max_batch: int, n_min: int) -> list[int]:
     return [base + 1 if i < extra else base for i in range(count)]
 
 
+def whole_chunks(segments: Sequence[int], max_batch: int, floor: int) -> list[int]:
+    """Batch sizes that cut only between segments (requests): about ``max_batch`` each, none below
+    ``floor`` (a short last chunk joins the one before). Sums to sum(segments)."""
+    chunks: list[int] = []
+    current = 0
+    for size in segments:
+        if current and current + size > max_batch and current >= floor:
+            chunks.append(current)
+            current = 0
+        current += size
+    if current:
+        if chunks and current < floor:
+            chunks[-1] += current
+        else:
+            chunks.append(current)
+    return chunks
+
+
 @dataclass(frozen=True)
 class BatchingResult:
-    """What one batching pass did: batches formed, reports put in them, reports left pending."""
+    """What one batching pass did: batches formed, reports put in them, reports left pending,
+    and campaigns whose window closed with fewer than n_min held (id, pending, n_min)."""
 
     batches_formed: int = 0
     reports_batched: int = 0
     reports_held: int = 0
+    window_held: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    sizes: list[int]
+    whole: bool
+    cause: str
 
 
 class Batcher:
-    """Turns pending reports into permuted batches according to n_min, size and quiet time."""
+    """Turns pending reports into permuted batches at the batch target, window close or on demand."""
 
     def __init__(
         self,
@@ -61,63 +92,74 @@ class Batcher:
         directory: CampaignDirectory,
         *,
         max_batch_reports: int = 50_000,
-        quiet_s: float = 2.0,
         max_batch_bytes: int = MAX_BATCH_BYTES,
         permutation: Permutation | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        metrics: ShufflerMetrics | None = None,
     ) -> None:
-        """``permutation`` defaults to the process CSPRNG's; tests never replace it in production code."""
+        """``permutation`` defaults to the process CSPRNG's; ``wall_clock`` (Unix s) decides windows."""
         if max_batch_reports < 1:
             raise ValueError("max_batch_reports must be at least 1")
         self._store = store
         self._directory = directory
         self._max_batch_reports = max_batch_reports
-        self._quiet_s = quiet_s
         self._max_batch_bytes = max_batch_bytes
         self._permutation: Permutation = permutation or default_rng().permutation
-        self._clock = clock
-        self._last_arrival: dict[str, float] = {}
+        self._wall_clock = wall_clock
+        self._metrics = metrics
+        self._held_logged: set[str] = set()
         self._lock = asyncio.Lock()
-
-    def note_arrival(self, campaign_id: str) -> None:
-        """Record that reports of the campaign were just spooled (restarts its quiet period)."""
-        self._last_arrival[campaign_id] = self._clock()
 
     async def run_once(
         self, *, campaign_id: str = "", flush: bool = False, below_n_min: bool = False
     ) -> BatchingResult:
         """One pass over campaigns with pending reports (only ``campaign_id`` if given).
 
-        ``flush`` batches every campaign at or above n_min now; ``below_n_min`` also those below.
+        ``flush`` (operator) batches every campaign at or above n_min now; ``below_n_min`` also those below.
         """
         async with self._lock:
             stats = await asyncio.to_thread(self._store.stats)
             formed = batched = held = 0
+            window_held: list[tuple[str, int, int]] = []
             for entry in stats:
                 if entry.pending == 0 or (campaign_id and entry.campaign_id != campaign_id):
                     continue
-                plan = await self._plan(entry.campaign_id, entry.pending, flush, below_n_min)
+                plan = await self._plan(entry.campaign_id, entry.pending, flush, below_n_min, window_held)
                 if plan is None:
                     held += entry.pending
                     continue
-                if isinstance(self._store, SegmentSpool):  # sizes only: no envelope per report
-                    fast = await asyncio.to_thread(
-                        self._store.form_batch_sizes, entry.campaign_id, plan, self._permutation
-                    )
-                    formed += len(fast)
-                    batched += sum(b.report_count for b in fast)
-                else:
-                    records = await asyncio.to_thread(
-                        self._store.form_batches, entry.campaign_id, plan, self._permutation
-                    )
-                    formed += len(records)
-                    batched += sum(len(r.reports) for r in records)
+                count, reports = await self._form(entry.campaign_id, plan)
+                formed += count
+                batched += reports
+                if count and self._metrics is not None:
+                    self._metrics.releases.labels(cause=plan.cause).inc()
                 held += await asyncio.to_thread(self._store.pending_count, entry.campaign_id)
             if formed:
                 await asyncio.to_thread(self._store.scrub)
-            return BatchingResult(formed, batched, held)
+            if self._metrics is not None and not campaign_id:
+                self._metrics.window_held.set(sum(pending for _, pending, _ in window_held))
+            return BatchingResult(formed, batched, held, tuple(window_held))
 
-    async def _plan(self, campaign_id: str, pending: int, flush: bool, below_n_min: bool) -> list[int] | None:
+    async def _form(self, campaign_id: str, plan: _Plan) -> tuple[int, int]:
+        """Form the planned batches; (batches, reports) formed."""
+        if isinstance(self._store, SegmentPaths):  # sizes only: no envelope per report
+            fast = await asyncio.to_thread(
+                self._store.form_batch_sizes, campaign_id, plan.sizes, self._permutation, plan.whole
+            )
+            return len(fast), sum(b.report_count for b in fast)
+        records = await asyncio.to_thread(
+            self._store.form_batches, campaign_id, plan.sizes, self._permutation
+        )
+        return len(records), sum(len(r.reports) for r in records)
+
+    async def _plan(
+        self,
+        campaign_id: str,
+        pending: int,
+        flush: bool,
+        below_n_min: bool,
+        window_held: list[tuple[str, int, int]],
+    ) -> _Plan | None:
         """Batch sizes for the campaign's pending reports, or None to hold them."""
         try:
             campaign = await self._directory.get(campaign_id)
@@ -130,14 +172,56 @@ class Batcher:
             )
             return None
         n_min = max(1, campaign.n_min)
-        max_batch = self._max_batch_reports
-        if campaign.ciphertext_length:
-            per_report = campaign.ciphertext_length + _PER_REPORT_OVERHEAD
-            max_batch = min(max_batch, self._max_batch_bytes // per_report)
-        max_batch = max(1, max_batch)
+        target = max(n_min, campaign.batch_target)
+        closed = campaign.closed or bool(
+            campaign.window_end_unix and self._wall_clock() >= campaign.window_end_unix
+        )
         if pending < n_min:
-            return chunk_sizes(pending, max_batch, 0) if flush and below_n_min else None
-        quiet = self._clock() - self._last_arrival.get(campaign_id, -math.inf) >= self._quiet_s
-        if flush or quiet or pending >= max_batch:
-            return chunk_sizes(pending, max_batch, n_min)
+            if flush and below_n_min:
+                return await self._sizes(campaign, pending, 1, "operator_below_n_min")
+            if closed:
+                window_held.append((campaign_id, pending, n_min))
+                self._tell_held(campaign_id, pending, n_min)
+            return None
+        if pending >= target:
+            return await self._sizes(campaign, pending, target, "target")
+        # Below the target: batches as large as what is held (and the byte limit) allows.
+        if closed:
+            return await self._sizes(campaign, pending, pending, "window")
+        if flush:
+            log.warning(
+                "operator released a batch below the campaign's batch target",
+                extra={"campaign": campaign_id, "pending": pending, "target": target},
+            )
+            return await self._sizes(campaign, pending, pending, "operator")
         return None
+
+    def _tell_held(self, campaign_id: str, pending: int, n_min: int) -> None:
+        """Log once per campaign that its window closed with too few reports to release."""
+        if campaign_id in self._held_logged:
+            return
+        self._held_logged.add(campaign_id)
+        log.warning(
+            "window closed with fewer than n_min reports: holding them (operator: flush --below-n-min"
+            " after authorising it at the aggregator, or leave them)",
+            extra={"campaign": campaign_id, "pending": pending, "n_min": n_min},
+        )
+
+    def _limits(self, campaign: pb.Campaign, floor: int) -> tuple[int, int]:
+        """(reports per batch, smallest batch): the configured cap raised to ``floor`` where the
+        byte limit allows; the floor lowered to the byte limit, but never below n_min."""
+        byte_cap = 2**63
+        if campaign.ciphertext_length:
+            byte_cap = self._max_batch_bytes // (campaign.ciphertext_length + _PER_REPORT_OVERHEAD)
+        floor = max(min(floor, byte_cap), campaign.n_min, 1)
+        return max(1, min(max(self._max_batch_reports, floor), byte_cap)), floor
+
+    async def _sizes(self, campaign: pb.Campaign, pending: int, floor: int, cause: str) -> _Plan:
+        """Chunks of at least ``floor`` (when ``pending`` allows); whole requests where required."""
+        max_batch, floor = self._limits(campaign, floor)
+        if campaign.keep_requests_whole:
+            if isinstance(self._store, SegmentPaths):
+                segments = await asyncio.to_thread(self._store.pending_segment_counts, campaign.id)
+                return _Plan(whole_chunks(segments, max_batch, floor), True, cause)
+            return _Plan([pending], False, cause)  # one batch: no request can be split
+        return _Plan(chunk_sizes(pending, max_batch, floor), False, cause)

@@ -95,13 +95,15 @@ class CampaignDirectory:
             return entry.campaign
         return await self.refresh(campaign_id)
 
-    async def refresh(self, campaign_id: str) -> pb.Campaign | None:
-        """Ask upstream (unless asked within the refresh interval); the best known campaign or None.
-
-        Raises Unavailable only when upstream is unreachable and no copy is known.
+    async def refresh(self, campaign_id: str, *, force: bool = False) -> pb.Campaign | None:
+        """Ask upstream (unless asked within the refresh interval, or ``force``: operator calls);
+        the best known campaign or None. Raises Unavailable only when upstream is unreachable and
+        no copy is known.
         """
         if not valid_campaign_id(campaign_id):
             return None
+        if force:
+            self._attempts.pop(campaign_id, None)
         outcome = await self._fetch_once(campaign_id)
         entry = self._memory.get(campaign_id)
         if entry is not None:

@@ -12,14 +12,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import grpc
 
 from deniable.core.rng import Csprng, default_rng
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import BatchRecord, CampaignSpoolStats, SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -47,6 +47,13 @@ class ForwardResult:
     batches: int = 0
     reports: int = 0
     failures: int = 0
+
+
+class BatchForwarder(Protocol):
+    """Sends unacknowledged batches upstream (gRPC by default, NATS JetStream as an option)."""
+
+    async def forward(self, campaign_id: str = "", *, force: bool = False) -> ForwardResult:
+        """One pass over the spool's batches (of ``campaign_id`` if given)."""
 
 
 class Backoff:
@@ -219,7 +226,7 @@ class Forwarder:
 
     async def _attempt(self, batch_id: str) -> tuple[int | None, grpc.StatusCode | None]:
         """Load and send one batch, delete it once acknowledged: (reports or None if gone, failure)."""
-        if self._raw_ingest is not None and isinstance(self._store, SegmentSpool):
+        if self._raw_ingest is not None and isinstance(self._store, SegmentPaths):
             wire = await asyncio.to_thread(self._store.load_wire, batch_id)
             if wire is None:
                 return None, None
@@ -269,7 +276,7 @@ class Pipeline:
         self,
         store: SpoolStore,
         batcher: Batcher,
-        forwarder: Forwarder,
+        forwarder: BatchForwarder,
         metrics: ShufflerMetrics,
         interval_s: float = 0.5,
     ) -> None:
@@ -292,12 +299,20 @@ class Pipeline:
     async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
         """Batch now (below n_min only with the override) and forward now, ignoring backoff."""
         async with self._lock:
-            await self._batcher.run_once(campaign_id=campaign_id, flush=True, below_n_min=below_n_min)
+            batching = await self._batcher.run_once(
+                campaign_id=campaign_id, flush=True, below_n_min=below_n_min
+            )
             result = await self._forwarder.forward(campaign_id, force=True)
             stats = await self._update_gauges()
         held = sum(s.pending + s.in_flight for s in stats if not campaign_id or s.campaign_id == campaign_id)
         return pb.FlushResponse(
-            batches_forwarded=result.batches, reports_forwarded=result.reports, reports_held=held
+            batches_forwarded=result.batches,
+            reports_forwarded=result.reports,
+            reports_held=held,
+            window_held=[
+                pb.WindowHeld(campaign_id=c, pending=pending, n_min=n_min)
+                for c, pending, n_min in batching.window_held
+            ],
         )
 
     async def _update_gauges(self) -> list[CampaignSpoolStats]:

@@ -170,8 +170,6 @@ class ShufflerHandlers:
         columns = ColumnReports([(c, keys, texts) for c, (keys, texts) in accepted.items()])
         demand = {c: len(keys) for c, (keys, _) in accepted.items()}
         await self._spool(columns, source, demand, campaigns)
-        for campaign_id in accepted:
-            self._batcher.note_arrival(campaign_id)
         response.accepted = len(columns)
         self._metrics.reports_accepted.inc(len(columns))
         for reason, rejected in Counter(r.reason for r in response.rejected).items():
@@ -242,7 +240,6 @@ class ShufflerHandlers:
             {campaign_id: columns.count},
             {campaign_id: campaign},
         )
-        self._batcher.note_arrival(campaign_id)
         self._metrics.reports_accepted.inc(columns.count)
         return pb.SubmitReportsResponse(accepted=columns.count)
 
@@ -258,7 +255,12 @@ class ShufflerHandlers:
         return result
 
     async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
-        """Batch and forward now; below n_min only with the operator override."""
+        """Batch and forward now; below n_min only with the operator override.
+
+        A named campaign is looked up afresh first, so a window the operator just closed is seen.
+        """
+        if campaign_id:
+            await self.directory.refresh(campaign_id, force=True)
         return await self._pipeline.flush(campaign_id, below_n_min)
 
     async def get_campaign(self, campaign_id: str) -> pb.Campaign:

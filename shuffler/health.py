@@ -38,14 +38,23 @@ def _probe_write(path: Path) -> None:
         os.close(fd)
 
 
-def spool_check(data_dir: Path, handlers: ShufflerHandlers) -> Callable[[], Awaitable[str | None]]:
-    """Health check: the spool's directory takes a 4 KiB fsync'd write (and the last append worked)."""
+def spool_check(
+    data_dir: Path, handlers: ShufflerHandlers, store: object = None
+) -> Callable[[], Awaitable[str | None]]:
+    """Health check: the spool's directory takes a 4 KiB fsync'd write (and the last append worked);
+    a spool with a ``ping`` (PostgreSQL) must answer it too."""
+    ping = getattr(store, "ping", None)
 
     async def check() -> str | None:
         try:
             await asyncio.to_thread(_probe_write, data_dir / PROBE_FILE)
         except OSError as exc:
             return f"the spool directory cannot be written: {exc.strerror or exc}"
+        if callable(ping):
+            try:
+                await asyncio.to_thread(ping)
+            except OSError as exc:
+                return f"the spool store does not answer: {exc}"
         handlers.spool_failure = None
         return None
 

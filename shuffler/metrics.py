@@ -65,3 +65,14 @@ class ShufflerMetrics(ServiceMetrics):
             "Reports in batches not yet acknowledged by the aggregator.",
             registry=self.registry,
         )
+        self.window_held = Gauge(
+            "deniable_shuffler_window_held_reports",
+            "Reports held because their campaign's window ended with fewer than n_min of them.",
+            registry=self.registry,
+        )
+        self.releases = Counter(
+            "deniable_shuffler_releases",
+            "Batch releases by cause (target, window, operator, operator_below_n_min).",
+            ["cause"],
+            registry=self.registry,
+        )

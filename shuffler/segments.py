@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, overload
+from typing import Final, Protocol, overload, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -387,6 +387,22 @@ class FormedBatch:
     wire: bytes | bytearray
 
 
+@runtime_checkable
+class SegmentPaths(Protocol):
+    """The fast paths of the segment spools (SQLite and PostgreSQL): batch sizes and wire bytes."""
+
+    def form_batch_sizes(
+        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation, whole: bool = False
+    ) -> list[FormedBatch]:
+        """``form_batches`` without building an envelope per report; ``whole``: requests kept whole."""
+
+    def pending_segment_counts(self, campaign_id: str) -> list[int]:
+        """Reports per pending segment (one per request), oldest first."""
+
+    def load_wire(self, batch_id: str) -> tuple[bytes, int] | None:
+        """The batch as serialised ``ShuffledBatch`` bytes and its report count, or None."""
+
+
 class SegmentSpool(SpoolDatabase):
     """SpoolStore on one SQLite file (WAL, synchronous=FULL, secure_delete), reports in segments.
 
@@ -545,8 +561,13 @@ class SegmentSpool(SpoolDatabase):
         limit: int,
         at_least: int,
         permutation: Permutation,
+        whole: bool = False,
     ) -> list[FormedBatch]:
-        """Take up to ``limit`` oldest reports (none if fewer than ``at_least``), permute, slice, store."""
+        """Take up to ``limit`` oldest reports (none if fewer than ``at_least``), permute, slice, store.
+
+        ``whole``: the sizes fall on segment boundaries and each batch is permuted on its own, so a
+        request's reports all land in one batch (multi-message campaigns).
+        """
         formed: list[FormedBatch] = []
 
         def work(db: sqlite3.Connection) -> None:
@@ -579,10 +600,19 @@ class SegmentSpool(SpoolDatabase):
                     (rest.count, key_ids, lengths, data, seqs[-1]),
                 )
                 seqs.pop()
-            order = checked_order(permutation(take), take)
+            if whole and total > take:
+                raise ValueError("batch sizes do not fall on request boundaries")
+            order = None if whole else checked_order(permutation(take), take)
             start = 0
             for size in sizes or [take]:
                 batch_id = new_batch_id()
+                if order is None:
+                    own = checked_order(permutation(size), size) + start
+                    wire, digest = batch_wire(batch_id, campaign_id, taken, own)
+                    start += size
+                    self._insert_batch(db, batch_id, campaign_id, size, digest, wire)
+                    formed.append(FormedBatch(batch_id, campaign_id, size, digest, wire))
+                    continue
                 # The permuted ciphertexts go straight into the message that will be forwarded.
                 wire, digest = batch_wire(batch_id, campaign_id, taken, order[start : start + size])
                 start += size
@@ -621,13 +651,22 @@ class SegmentSpool(SpoolDatabase):
         return [self._record(b) for b in self.form_batch_sizes(campaign_id, sizes, permutation)]
 
     def form_batch_sizes(
-        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation
+        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation, whole: bool = False
     ) -> list[FormedBatch]:
-        """``form_batches`` without building an envelope per report."""
+        """``form_batches`` without building an envelope per report; ``whole``: see ``_form``."""
         if not sizes or min(sizes) < 1:
             raise ValueError("batch sizes must be at least 1")
         total = sum(sizes)
-        return self._form(campaign_id, list(sizes), total, total, permutation)
+        return self._form(campaign_id, list(sizes), total, total, permutation, whole)
+
+    def pending_segment_counts(self, campaign_id: str) -> list[int]:
+        """Reports per pending segment (one per request), oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT report_count FROM pending_segments WHERE campaign_id = ? ORDER BY seq",
+                (campaign_id,),
+            ).fetchall()
+        return [int(row[0]) for row in rows]
 
     def batch_ids(self, campaign_id: str | None = None) -> list[str]:
         """Ids of unacknowledged batches in the order they were formed."""

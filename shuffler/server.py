@@ -7,20 +7,20 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from deniable.core import service
+from deniable.core import jetstream, service
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import Check, HealthMonitor
 from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
-from deniable.shuffler.forwarder import Forwarder, Pipeline, raw_ingest_callable
+from deniable.shuffler.forwarder import BatchForwarder, Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.health import DEFAULT_UPSTREAM_GRACE_S, UpstreamCheck, spool_check
 from deniable.shuffler.metrics import ShufflerMetrics
@@ -29,7 +29,7 @@ from deniable.shuffler.quota import DEFAULT_QUOTA_PER_SOURCE, DEFAULT_WINDOW_S, 
 from deniable.shuffler.rawsubmit import RawSubmitInterceptor
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
-from deniable.shuffler.spool import SqliteSpool
+from deniable.shuffler.spool import SpoolStore, SqliteSpool
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
 
@@ -49,8 +49,12 @@ ACCESS_POLICY: Final = AccessPolicy(
 """Devices reach GetCampaign, SubmitReports and health; any other RPC needs the operator role."""
 
 
-def open_spool(kind: str, path: Path) -> SqliteSpool | SegmentSpool:
-    """The spool implementation ``kind`` at ``path``."""
+def open_spool(kind: str, path: Path, store: str | None = None) -> SpoolStore:
+    """The spool: PostgreSQL at DSN ``store`` if given, else SQLite (``kind``) at ``path``."""
+    if store is not None:
+        from deniable.shuffler.spool_postgres import PostgresSpool  # asyncpg: the [postgres] extra
+
+        return PostgresSpool(store)
     return SegmentSpool(path) if kind == "segments" else SqliteSpool(path)
 
 
@@ -62,7 +66,6 @@ class ShufflerConfig:
     upstream: str
     listen: str = "127.0.0.1:7701"
     batch_interval_s: float = 0.5
-    quiet_s: float = 2.0
     max_batch_reports: int = 50_000
     max_reports_per_request: int = 10_000
     max_message_bytes: int = service.MAX_MESSAGE_BYTES
@@ -79,6 +82,12 @@ class ShufflerConfig:
     """Batches in flight to the aggregator at once (pipelining its parsing and decryption)."""
     spool: str = "segments"
     """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
+    forward_nats: str | None = None
+    """Forward batches to this NATS JetStream URL instead of gRPC (core/jetstream.py); campaigns
+    still come from ``upstream``. TLS with the shuffler's certificate unless ``insecure``."""
+    spool_store: str | None = None
+    """A PostgreSQL DSN: spool there instead (several shufflers may share it); the CLI reads it
+    from a flag, a file or the environment, the password may come from ``PGPASSWORD``/``PGPASSFILE``."""
     mqtt: MqttIngressConfig | None = None
     """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
     tls: ServerTls | None = None
@@ -118,8 +127,9 @@ class RunningShuffler:
     _pipeline: Pipeline = field(repr=False)
     _directory: CampaignDirectory = field(repr=False)
     _channel: grpc.aio.Channel = field(repr=False)
-    _store: SqliteSpool | SegmentSpool = field(repr=False)
+    _store: SpoolStore = field(repr=False)
     mqtt: MqttIngress | None = None
+    _nats: Any = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     async def flush(self, campaign_id: str = "", below_n_min: bool = False) -> pb.FlushResponse:
@@ -137,12 +147,27 @@ class RunningShuffler:
             await self.mqtt.stop()
         await self._server.stop(grace)
         await self._pipeline.stop()
+        if self._nats is not None:
+            await self._nats.close()
         await self._directory.close()
         await self._channel.close()
         self.metrics.stop_http()
         await asyncio.to_thread(self._store.close)
         self._lock.release()
         log.info("shuffler stopped")
+
+
+async def _nats_forwarder(
+    config: ShufflerConfig, store: SpoolStore, metrics: ShufflerMetrics
+) -> tuple[Any, BatchForwarder]:
+    """Connect to JetStream (ConfigurationError if it cannot) and a forwarder publishing there."""
+    from deniable.shuffler.forward_nats import NatsForwarder
+
+    assert config.forward_nats is not None
+    own = config.tls
+    tls = None if own is None else jetstream.tls_context(own.cert, own.key, own.ca)
+    client, js = await jetstream.connect(config.forward_nats, tls, config.insecure)
+    return client, NatsForwarder(store, js, metrics, timeout_s=config.forward_deadline_s)
 
 
 def _connect_address(listen: str, port: int) -> str:
@@ -191,12 +216,15 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         leftovers.remove()
         raise
     try:
-        store = await asyncio.to_thread(open_spool, config.spool, config.data_dir / SPOOL_FILE)
+        store = await asyncio.to_thread(
+            open_spool, config.spool, config.data_dir / SPOOL_FILE, config.spool_store
+        )
     except BaseException:
         lock.release()
         leftovers.remove()
         raise
     metrics = ShufflerMetrics()
+    nats_client: Any = None
     channel = open_channel(config.upstream, upstream_tls, insecure=config.insecure)
     guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
     server = service.new_server(
@@ -215,10 +243,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             refresh_interval_s=config.campaign_refresh_s,
             ttl_s=config.campaign_ttl_s,
         )
-        batcher = Batcher(
-            store, directory, max_batch_reports=config.max_batch_reports, quiet_s=config.quiet_s
-        )
-        forwarder = Forwarder(
+        batcher = Batcher(store, directory, max_batch_reports=config.max_batch_reports, metrics=metrics)
+        forwarder: BatchForwarder = Forwarder(
             store,
             upstream,
             metrics,
@@ -228,6 +254,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             raw_ingest=raw_ingest_callable(channel),
             window=config.forward_window,
         )
+        if config.forward_nats is not None:
+            nats_client, forwarder = await _nats_forwarder(config, store, metrics)
         pipeline = Pipeline(store, batcher, forwarder, metrics, config.batch_interval_s)
         handlers = ShufflerHandlers(
             store,
@@ -243,7 +271,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
         )
         checks: dict[str, Check] = {
-            "spool": spool_check(config.data_dir, handlers),
+            "spool": spool_check(config.data_dir, handlers, store),
             "upstream": UpstreamCheck(
                 channel, config.upstream, config.upstream_grace_s, config.upstream_deadline_s
             ),
@@ -260,7 +288,11 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         operator_port = None
         if config.operator_listen is not None and operator_credentials is not None:
             operator_port = service.bind(server, config.operator_listen, operator_credentials)
-        metrics_port = metrics.serve_http(config.metrics_port) if config.metrics_port is not None else None
+        metrics_port = (
+            metrics.serve_http(config.metrics_port, service.host_of(config.listen).strip("[]"))
+            if config.metrics_port is not None
+            else None
+        )  # on the device listener's host, so a scraper on the pod network reaches it
         await monitor.check_now()  # the first answer is already the truth
         await server.start()
         monitor.start()
@@ -269,6 +301,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             await monitor.stop()
         await server.stop(None)
         await channel.close()
+        if nats_client is not None:
+            await nats_client.close()
         metrics.stop_http()
         await asyncio.to_thread(store.close)
         lock.release()
@@ -309,6 +343,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         _channel=channel,
         _store=store,
         mqtt=ingress,
+        _nats=nats_client,
         operator_port=operator_port,
         operator_address=operator_address,
     )

@@ -66,6 +66,10 @@ def check_permutation(order: npt.NDArray[np.int64] | Sequence[int], count: int) 
     return positions
 
 
+class SpoolUnavailable(OSError):
+    """The spool's database cannot be reached or refused a write: handled like a full disk."""
+
+
 class SpoolStore(Protocol):
     """Storage interface of the shuffler; every method is durable when it returns."""
 

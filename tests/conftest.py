@@ -7,8 +7,12 @@ rather than skip. The broker itself: tests/mqtt_broker.py.
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import socket
+import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,3 +88,75 @@ def dev_certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
 def other_ca_certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
     """Certificates with the same roles from an unrelated CA (a stranger's)."""
     return write_dev_certs(tmp_path_factory.mktemp("other-certs"), roles=(*DEV_ROLES, "device"))
+
+
+def _load_postgres_server() -> ModuleType:
+    """tests/postgres_server.py, loaded by path (importlib mode: ``tests`` is not importable)."""
+    name = "deniable_tests_postgres_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "postgres_server.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+postgres_server_module = _load_postgres_server()
+PostgresServer = postgres_server_module.PostgresServer
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One PostgreSQL server for the session (started on first use); fails if it cannot start."""
+    try:
+        server = PostgresServer.start()
+    except postgres_server_module.PostgresUnavailable as exc:
+        problem = str(exc)
+    else:
+        yield server
+        server.stop()
+        return
+    pytest.fail(problem, pytrace=False)  # outside the except: one line, no chained traceback
+
+
+@pytest.fixture
+async def postgres_dsn(postgres_server: Any) -> AsyncIterator[str]:
+    """DSN of a fresh, empty database on the session's server (dropped afterwards)."""
+    name = await postgres_server.create_database()
+    yield postgres_server.dsn(name)
+    await postgres_server.drop_database(name)
+
+
+@pytest.fixture
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A throwaway ``nats-server -js`` on a free loopback port (JetStream in a temp dir, 64 MiB
+    messages so a whole batch fits); nats-server comes from scripts/system-deps.sh."""
+    binary = shutil.which("nats-server") or (
+        "/usr/sbin/nats-server" if Path("/usr/sbin/nats-server").exists() else None
+    )
+    if binary is None:
+        pytest.fail("nats-server not found: run scripts/system-deps.sh", pytrace=False)
+    root = tmp_path_factory.mktemp("nats")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    conf = root / "nats.conf"
+    conf.write_text(
+        f'listen: "127.0.0.1:{port}"\nmax_payload: 67108864\nmax_pending: 134217728\n'
+        f'jetstream {{ store_dir: "{root / "js"}" }}\n'
+    )
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("nats-server did not start", pytrace=False)
+            time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

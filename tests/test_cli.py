@@ -160,6 +160,30 @@ def test_operator_commands_against_served_processes(services: tuple[str, str], c
     assert [c["id"] for c in json.loads(listed.stdout)] == ["lang"]
     flushed = _run("shuffler", "flush", "--shuffler", shuffler, *operator)
     assert flushed.returncode == 0, flushed.stderr
+    windowed = _run(
+        "campaign", "create", "--aggregator", aggregator, "--id", "win", "--question", "Q?",
+        "--kind", "binary", "--epsilon0", "1", "--n-min", "5", "--batch-target", "20",
+        "--window", "2h", "--json", *operator,
+    )  # fmt: skip
+    assert windowed.returncode == 0, windowed.stderr
+    made = json.loads(windowed.stdout)
+    assert made["batch_target"] == 20 and made["window_end_unix"] > 0 and not made["closed"]
+    closed = _run("campaign", "close", "win", "--aggregator", aggregator, "--shuffler", shuffler, *operator)
+    assert closed.returncode == 0, closed.stderr
+    assert "closed win" in closed.stdout
+    listed = _run("campaign", "list", "--aggregator", aggregator, "--json", *operator)
+    assert {c["id"]: c["closed"] for c in json.loads(listed.stdout)} == {"lang": False, "win": True}
+    below = _run(
+        "shuffler", "flush", "--shuffler", shuffler, "--aggregator", aggregator, "--campaign", "win",
+        "--below-n-min", *operator,
+    )  # fmt: skip
+    assert below.returncode == 0, below.stderr
+    assert "recorded at the aggregator" in below.stdout
+    answer_win = _run("query", "binary-sum", "win", "--aggregator", aggregator, "--json", *operator)
+    assert json.loads(answer_win.stdout)["below_n_min_authorised"] is True
+    bad = _run("campaign", "create", "--aggregator", aggregator, "--id", "x", "--question", "Q?",
+               "--kind", "binary", "--epsilon0", "1", "--window", "soon", *operator)  # fmt: skip
+    assert bad.returncode == 2 and "--window" in bad.stderr
     answer = _run("query", "histogram", "lang", "--aggregator", aggregator, "--json", *operator)
     assert answer.returncode == 0, answer.stderr
     data = json.loads(answer.stdout)
@@ -171,7 +195,8 @@ def test_operator_commands_against_served_processes(services: tuple[str, str], c
     shown = json.loads(keys.stdout)
     assert keys.returncode == 0 and len(bytes.fromhex(shown["keys"][0]["public_key"])) == 32
     assert len(bytes.fromhex(shown["signing_public_key"])) == 32
-    assert shown["keys"][0]["state"] == "active" and shown["keys"][0]["campaigns"] == ["lang"]
+    assert shown["keys"][0]["state"] == "active"
+    assert set(shown["keys"][0]["campaigns"]) == {"lang", "win"}  # "win": the batch-target campaign above
     shuffler_cert = [*_tls(certs, "shuffler")]  # a valid certificate, but not the operator's role
     refused = _run("campaign", "list", "--aggregator", aggregator, *shuffler_cert)
     assert refused.returncode == 0  # the shuffler role may read campaigns (it relays them) ...

@@ -447,4 +447,3 @@ def _cached_exact_epsilon(keep: float, n: int, delta: float, exhaustive: bool) -
 def _cached_grid_delta(keep: float, n: int, epsilon: float) -> float:
     """The configuration search's profile (searches call it repeatedly at the same points)."""
     return _binary_rr.grid_delta(keep, n, epsilon, GRID_DELTA_TOLERANCE).value
-

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -19,6 +18,8 @@ from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey, MLKEM768PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from deniable.core.crypto.keyfile import check_private_file
 
 KEM_X25519: Final = "x25519"
 KEM_HYBRID: Final = "x25519-mlkem768"
@@ -194,11 +195,9 @@ class KeyPair:
             os.close(fd)
 
     @classmethod
-    def load(cls, path: Path, key_id: int) -> KeyPair:
-        """Read a private key, refusing files that others can read or write."""
-        mode = path.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise PermissionError(f"private key {path} is accessible to others (mode {oct(mode & 0o777)})")
+    def load(cls, path: Path, key_id: int, trusted_group: int | None = None) -> KeyPair:
+        """Read a private key, refusing files that others can read or write (core/crypto/keyfile.py)."""
+        check_private_file(path, "private key", trusted_group)
         raw = path.read_bytes()
         _kem_of(raw, public=False)
         return cls(key_id=key_id, private_raw=raw)

@@ -8,7 +8,6 @@ parameters. The signed bytes are specified in docs/security.md ("Campaign signat
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -16,6 +15,7 @@ from typing import Final
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from deniable.core.crypto.keyfile import check_private_file
 from deniable.v1 import deniable_pb2 as pb
 
 SIGNATURE_DOMAIN: Final = b"deniable/v1/campaign-signature\x00"
@@ -102,11 +102,9 @@ class SigningKey:
             os.close(fd)
 
     @classmethod
-    def load(cls, path: Path) -> SigningKey:
-        """Read the private key, refusing a file that others can read or write."""
-        mode = path.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise PermissionError(f"signing key {path} is accessible to others (mode {oct(mode & 0o777)})")
+    def load(cls, path: Path, trusted_group: int | None = None) -> SigningKey:
+        """Read the private key, refusing a file that others can read or write (core/crypto/keyfile.py)."""
+        check_private_file(path, "signing key", trusted_group)
         raw = path.read_bytes()
         if len(raw) != SIGNING_KEY_LENGTH:
             raise ValueError(f"signing key {path} is not a {SIGNING_KEY_LENGTH}-byte Ed25519 key")

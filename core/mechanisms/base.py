@@ -123,6 +123,14 @@ class LocalRandomiser(ABC):
         """
         return None if self.multi_message else 1
 
+    def incomplete_batch(self, counts: Sequence[int]) -> str | None:
+        """Why a batch with these count cells cannot hold whole devices (None: it can).
+
+        Multi-message protocols whose estimate needs every message of a device override this; the
+        aggregator refuses such a batch, so the counts never hold part of a device (ADR 0014).
+        """
+        return None
+
     @property
     def max_messages_per_device(self) -> int | None:
         """Most messages one device can send (None: unbounded): n_min devices are at most this many each."""

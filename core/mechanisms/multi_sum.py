@@ -308,6 +308,15 @@ class SplitAndMixSum(LocalRandomiser):
 
     # ----------------------------------------------------------------------- estimator
 
+    def incomplete_batch(self, counts: Sequence[int]) -> str | None:
+        """Every device sends m shares and one presence message: anything else is part of a device."""
+        presence, shares = int(counts[0]), int(counts[1])
+        if shares == self.messages * presence:
+            return None
+        return (
+            f"{shares} shares from {presence} devices: with m={self.messages} a device's messages are split"
+        )
+
     def decode(self, counts: Sequence[int], n: int) -> int:
         """S + W: the share total mod q, represented in [n/2 - q/2, n/2 + q/2)."""
         if len(counts) != self.count_cells:

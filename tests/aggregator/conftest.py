@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
 
@@ -37,42 +33,7 @@ StoreOpener = Callable[[], Awaitable[AggregatorStore]]
 StoreFactory = Callable[[pytest.FixtureRequest, Path], AbstractAsyncContextManager[StoreOpener]]
 
 
-def _load_postgres_server() -> ModuleType:
-    """tests/postgres_server.py, loaded by path (importlib mode: ``tests`` is not importable)."""
-    name = "deniable_tests_postgres_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "postgres_server.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-postgres_server_module = _load_postgres_server()
-PostgresServer = postgres_server_module.PostgresServer
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[Any]:
-    """One PostgreSQL server for the session (started on first use); fails if it cannot start."""
-    try:
-        server = PostgresServer.start()
-    except postgres_server_module.PostgresUnavailable as exc:
-        problem = str(exc)
-    else:
-        yield server
-        server.stop()
-        return
-    pytest.fail(problem, pytrace=False)  # outside the except: one line, no chained traceback
-
-
-@pytest.fixture
-async def postgres_dsn(postgres_server: Any) -> AsyncIterator[str]:
-    """DSN of a fresh, empty database on the session's server (dropped afterwards)."""
-    name = await postgres_server.create_database()
-    yield postgres_server.dsn(name)
-    await postgres_server.drop_database(name)
+# postgres_server and postgres_dsn: tests/conftest.py (shared with the shuffler's spool tests).
 
 
 @asynccontextmanager
@@ -148,8 +109,17 @@ async def handlers(tmp_path: Path, keyring: Keyring) -> AsyncIterator[Aggregator
 
 
 def binary_request(campaign_id: str = "smoke", **fields: object) -> pb.CreateCampaignRequest:
-    """A valid binary campaign request, with fields overridden."""
-    base: dict[str, object] = {"id": campaign_id, "question": "Did it?", "kind": pb.BINARY, "epsilon0": 1.0}
+    """A valid binary campaign request, with fields overridden.
+
+    n_min is 1 so that tests may ingest small batches (the aggregator refuses batches below n_min).
+    """
+    base: dict[str, object] = {
+        "id": campaign_id,
+        "question": "Did it?",
+        "kind": pb.BINARY,
+        "epsilon0": 1.0,
+        "n_min": 1,
+    }
     base.update(fields)
     return pb.CreateCampaignRequest(**base)  # type: ignore[arg-type]
 
@@ -157,8 +127,9 @@ def binary_request(campaign_id: str = "smoke", **fields: object) -> pb.CreateCam
 def categorical_request(
     campaign_id: str = "colour", labels: Sequence[str] = ("red", "green", "blue"), **fields: object
 ) -> pb.CreateCampaignRequest:
-    """A valid categorical campaign request, with fields overridden."""
+    """A valid categorical campaign request, with fields overridden (n_min 1, as above)."""
     base: dict[str, object] = {
+        "n_min": 1,
         "id": campaign_id,
         "question": "Favourite?",
         "kind": pb.CATEGORICAL,

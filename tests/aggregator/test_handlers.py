@@ -35,10 +35,12 @@ if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
 
 
 async def test_binary_campaign_defaults(handlers: AggregatorHandlers, kit: Kit) -> None:
-    campaign = await handlers.create_campaign(kit.binary_request())
+    campaign = await handlers.create_campaign(kit.binary_request(n_min=0))  # 0: the default
     assert list(campaign.labels) == ["no", "yes"]
     assert campaign.mechanism == pb.BINARY_RR
     assert campaign.delta == 1e-6 and campaign.n_min == 1000
+    assert campaign.batch_target == 1000  # the floor, without a plan or an explicit target
+    assert campaign.window_end_unix == campaign.created_unix + 7 * 24 * 3600  # the default window
     assert campaign.device_budget_epsilon == 1.0
     assert campaign.key_id == handlers.keyring.active.key_id
     assert campaign.public_key == handlers.keyring.active.public.raw

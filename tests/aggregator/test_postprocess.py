@@ -254,7 +254,7 @@ async def test_invalid_post_processing_is_an_invalid_request(
 
 
 async def test_campaign_planned_from_a_central_target(handlers: AggregatorHandlers, kit: Kit) -> None:
-    request = kit.categorical_request("planned", epsilon0=0.0, target_epsilon=1.0, expected_n=5000)
+    request = kit.categorical_request("planned", epsilon0=0.0, target_epsilon=1.0, expected_n=5000, n_min=0)
     campaign = await handlers.create_campaign(request)
     assert campaign.target_epsilon == 1.0 and campaign.expected_n == 5000
     randomiser = randomiser_for(campaign)

@@ -78,14 +78,14 @@ async def test_expired_campaign_refuses_before_gc_ran(
     assert await handlers.store.retired() == {"x"}
 
 
-async def test_open_ended_campaign_keeps_ids_until_closed(
-    timed: tuple[AggregatorHandlers, Clock], kit: Any
-) -> None:
-    """No window end: ids are kept; ``campaign close`` starts the margin."""
+async def test_closing_early_starts_the_margin(timed: tuple[AggregatorHandlers, Clock], kit: Any) -> None:
+    """A campaign keeps its ids until its window end (given or the default) plus the margin;
+    ``campaign close`` ends the window now, so the margin starts then."""
     handlers, clock = timed
-    campaign = await handlers.create_campaign(kit.binary_request("open"))
-    await handlers.ingest_batch(kit.batch_of("open", [kit.seal(campaign, 1).report]))
-    clock.now += 10 * 365 * 86_400
+    created = await handlers.create_campaign(kit.binary_request("open"))
+    assert created.window_end_unix > clock.now + MARGIN
+    await handlers.ingest_batch(kit.batch_of("open", [kit.seal(created, 1).report]))
+    clock.now += MARGIN
     assert await handlers.collect_garbage() == {}
     await handlers.close_campaign(pb.KeyCloseCampaignRequest(campaign_id="open"))
     clock.now += MARGIN

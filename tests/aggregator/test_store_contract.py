@@ -106,6 +106,7 @@ async def test_update_campaign_replaces_the_description(store: AggregatorStore) 
     await store.create_campaign(campaign("c1"))
     changed = campaign("c1")
     changed.window_end_unix = 1_700_000_100
+    changed.closed = True
     await store.update_campaign(changed)
     assert await store.get_campaign("c1") == changed
     with pytest.raises(UnknownCampaign):

@@ -74,3 +74,35 @@ def test_closed_outbox_refuses(tmp_path: Path) -> None:
     box.close()
     with pytest.raises(RuntimeError, match="closed"):
         box.count()
+
+
+def test_an_answers_messages_are_never_split_over_two_requests(tmp_path: Path) -> None:
+    """``pending`` completes the last answer, so a multi-message device's messages travel in one
+    request (and the shuffler keeps a request in one batch, ADR 0014)."""
+    outbox = Outbox(tmp_path / "o.db")
+    assert outbox.add_answers([envelopes("a", 9), envelopes("a", 9), envelopes("a", 9)]) == 27
+    sizes = []
+    while rows := outbox.pending(10, "a"):
+        sizes.append(len(rows))
+        outbox.remove([r.id for r in rows])
+    assert sizes == [18, 9]  # 10 would cut the second answer: it is completed to 18
+    outbox.add_many(envelopes("a", 5))  # independent reports are cut anywhere, as before
+    assert len(outbox.pending(2, "a")) == 2
+
+
+def test_an_outbox_from_before_answers_were_numbered_opens_and_sends_as_before(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, campaign_id TEXT NOT NULL,"
+            " key_id INTEGER NOT NULL, ciphertext BLOB NOT NULL, attempts INTEGER NOT NULL DEFAULT 0)"
+        )
+        db.executemany(
+            "INSERT INTO outbox (campaign_id, key_id, ciphertext) VALUES ('a', 1, ?)", [(b"x",)] * 3
+        )
+    outbox = Outbox(path)
+    assert len(outbox.pending(2, "a")) == 2
+    outbox.add_answers([envelopes("a", 2)])
+    assert outbox.count("a") == 5

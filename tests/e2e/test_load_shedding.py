@@ -84,7 +84,7 @@ async def test_aggregator_sheds_load_and_counts_only_admitted(tmp_path: Path) ->
     try:
         async with insecure_channel(aggregator.address) as channel:
             stub = pb_grpc.AggregatorStub(channel)
-            request = pb.CreateCampaignRequest(id="shed", question="q", kind=pb.BINARY, epsilon0=1.0)
+            request = pb.CreateCampaignRequest(id="shed", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=2)
             campaign = await stub.CreateCampaign(request, timeout=10)
             gate, entered = asyncio.Event(), []
             _gated(aggregator.handlers, "ingest_batch", gate, entered)

@@ -114,6 +114,9 @@ class Devices(threading.Thread):
 async def _counted(address: str, shuffler: str, expected: int) -> int:
     """Flush the shuffler (below n_min too) until the aggregator has counted ``expected`` (or 60 s)."""
     async with insecure_channel(address) as agg, insecure_channel(shuffler) as shuf:
+        # The operator authorises the last, smaller batch (the aggregator refuses it otherwise).
+        release = pb.ReleaseBelowNMinRequest(campaign_id="drain")
+        await pb_grpc.AggregatorStub(agg).ReleaseBelowNMin(release, timeout=10)
         n = 0
         for _ in range(600):
             await pb_grpc.ShufflerStub(shuf).Flush(

@@ -87,7 +87,7 @@ async def _start(tmp_path: Path, certs: DevCerts | None, quota: int = QUOTA) -> 
             tls=files("shuffler"),
             insecure=certs is None,
             quota_per_source=quota,
-            quiet_s=3600.0,
+            batch_interval_s=3600.0,
         )
     )
     return Stack(aggregator, shuffler, certs or DevCerts(tmp_path), [], tmp_path)

@@ -22,9 +22,16 @@ from deniable.v1 import deniable_pb2_grpc
 CIPHERTEXT_LENGTH = 64
 
 
-def make_campaign(campaign_id: str = "c1", *, n_min: int = 5, key_id: int = 7, **fields: Any) -> pb.Campaign:
-    """A campaign as the aggregator would describe it (only envelope-relevant fields matter here)."""
+def make_campaign(
+    campaign_id: str = "c1", *, n_min: int = 5, key_id: int = 7, batch_target: int = 1_000_000, **fields: Any
+) -> pb.Campaign:
+    """A campaign as the aggregator would describe it (only envelope-relevant fields matter here).
+
+    The default batch target is never reached in these tests: batches form on flush unless a test
+    sets a reachable target or closes the window.
+    """
     return pb.Campaign(
+        batch_target=batch_target,
         id=campaign_id,
         question="q?",
         kind=pb.BINARY,
@@ -174,7 +181,6 @@ async def start(tmp_path: Path, upstream: Upstream) -> AsyncIterator[ShufflerFac
             "upstream": upstream.address,
             "listen": "127.0.0.1:0",
             "batch_interval_s": 0.05,
-            "quiet_s": 0.2,
             "retry_base_s": 0.05,
             "retry_max_s": 0.2,
             "campaign_refresh_s": 0.5,

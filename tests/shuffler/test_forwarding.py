@@ -36,9 +36,9 @@ async def spool_of(shuffler) -> dict[str, tuple[int, int]]:
 async def test_failed_batch_is_retried_with_the_same_id_and_deleted_only_after_ack(
     upstream, start, kit: SimpleNamespace
 ) -> None:
-    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=3))
+    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=3, batch_target=3))
     upstream.fake.fail_next = 1_000
-    shuffler = await start(quiet_s=0.05)
+    shuffler = await start()
     sent = await submit(shuffler, kit, campaign, 3)
     await kit.eventually(lambda: len(upstream.fake.calls) >= 3)
     assert await spool_of(shuffler) == {"c1": (0, 3)}  # kept while the aggregator refuses
@@ -58,9 +58,9 @@ async def test_failed_batch_is_retried_with_the_same_id_and_deleted_only_after_a
 
 
 async def test_failing_exactly_n_times(upstream, start, kit: SimpleNamespace) -> None:
-    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=2))
+    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=2, batch_target=2))
     upstream.fake.fail_next = 3
-    shuffler = await start(quiet_s=0.05)
+    shuffler = await start()
     await submit(shuffler, kit, campaign, 2)
     await kit.eventually(lambda: len(upstream.fake.acked) == 1)
     assert [c.ok for c in upstream.fake.calls] == [False, False, False, True]
@@ -75,7 +75,7 @@ async def test_lost_acknowledgement_is_resent_and_acked_as_duplicate(
 ) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=2))
     upstream.fake.lose_next_responses = 1
-    shuffler = await start(quiet_s=3600.0)
+    shuffler = await start()
     await submit(shuffler, kit, campaign, 2)
     first = await shuffler.flush()
     assert (first.batches_forwarded, first.reports_held) == (0, 2)
@@ -89,10 +89,10 @@ async def test_starting_with_upstream_down_is_fine_and_flush_holds_everything(
     upstream, start, kit: SimpleNamespace
 ) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=2))
-    first = await start(quiet_s=3600.0)
+    first = await start()
     await submit(first, kit, campaign, 3)
     await first.stop()
-    second = await start(upstream="127.0.0.1:1", quiet_s=3600.0)  # nothing listens on port 1
+    second = await start(upstream="127.0.0.1:1")  # nothing listens on port 1
     response = await second.flush()
     assert (response.batches_forwarded, response.reports_forwarded, response.reports_held) == (0, 0, 3)
     assert await spool_of(second) == {"c1": (0, 3)}  # batched, waiting for the aggregator
@@ -101,12 +101,12 @@ async def test_starting_with_upstream_down_is_fine_and_flush_holds_everything(
 async def test_reports_survive_a_stop_and_are_forwarded_by_the_next_shuffler(
     upstream, start, kit: SimpleNamespace
 ) -> None:
-    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=4))
-    first = await start(quiet_s=3600.0)
+    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=4, batch_target=4))
+    first = await start(batch_interval_s=3600.0)  # no background round: everything stays spooled
     sent = await submit(first, kit, campaign, 6)
     await first.stop()
     assert upstream.fake.calls == []
-    await start(quiet_s=0.05)
+    await start()
     await kit.eventually(lambda: sorted(upstream.fake.forwarded_ciphertexts()) == sorted(sent))
 
 
@@ -115,14 +115,14 @@ async def test_formed_but_unacknowledged_batch_is_resent_with_its_id_after_resta
 ) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=3))
     upstream.fake.fail_next = 1_000
-    first = await start(quiet_s=3600.0)
+    first = await start()
     await submit(first, kit, campaign, 5)
     response = await first.flush()
     assert (response.batches_forwarded, response.reports_held) == (0, 5)
     formed = upstream.fake.calls[0].batch
     await first.stop()
     upstream.fake.fail_next = 0
-    second = await start(quiet_s=3600.0)
+    second = await start()
     await kit.eventually(lambda: len(upstream.fake.acked) == 1)
     assert upstream.fake.acked[0] == formed  # same id, same permuted order, same digest
     await kit.eventually(
@@ -135,12 +135,12 @@ async def test_restart_validates_from_the_cache_while_the_aggregator_is_down(
     upstream, start, kit: SimpleNamespace
 ) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=100))
-    first = await start(quiet_s=3600.0)
+    first = await start()
     await submit(first, kit, campaign, 1)
     await first.stop()
     address = upstream.address
     await upstream.stop()
-    second = await start(quiet_s=3600.0, upstream=address)
+    second = await start(upstream=address)
     await submit(second, kit, campaign, 2, start=1)
     assert await spool_of(second) == {"c1": (3, 0)}
     relayed = await second.handlers.get_campaign("c1")
@@ -152,7 +152,7 @@ async def test_stop_lets_an_in_flight_request_finish(
 ) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=100))
     upstream.fake.get_campaign_delay_s = 0.4  # the first look-up is slow: the request is in flight
-    shuffler = await start(quiet_s=3600.0)
+    shuffler = await start()
     stub = channel_to(shuffler)
     call = asyncio.ensure_future(
         stub.SubmitReports(pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 2)), timeout=5)
@@ -184,7 +184,7 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
     from deniable.shuffler.server import ShufflerConfig, serve_shuffler
     asyncio.run(serve_shuffler(ShufflerConfig(insecure=True,
-        data_dir=Path(sys.argv[1]), upstream=sys.argv[2], listen=sys.argv[3], quiet_s=3600.0)))
+        data_dir=Path(sys.argv[1]), upstream=sys.argv[2], listen=sys.argv[3], batch_interval_s=3600.0)))
     """
 )
 
@@ -229,7 +229,7 @@ async def _start_child(data_dir: Path, upstream: str) -> tuple[asyncio.subproces
 
 
 async def test_sigkill_after_ack_loses_nothing(tmp_path: Path, upstream, start, kit: SimpleNamespace) -> None:
-    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=5))
+    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=5, batch_target=5))
     data_dir = tmp_path / "shuffler"
     child, address = await _start_child(data_dir, upstream.address)
     try:
@@ -245,7 +245,7 @@ async def test_sigkill_after_ack_loses_nothing(tmp_path: Path, upstream, start, 
         os.kill(child.pid, signal.SIGKILL)
         await child.wait()
     assert upstream.fake.calls == []
-    await start(data_dir=data_dir, quiet_s=0.05)
+    await start(data_dir=data_dir)
     expected = sorted(r.ciphertext for r in reports)
     await kit.eventually(lambda: sorted(upstream.fake.forwarded_ciphertexts()) == expected)
 

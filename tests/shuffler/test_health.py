@@ -22,7 +22,7 @@ from deniable.v1 import deniable_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-FAST: dict[str, Any] = {"health_interval_s": 0.05, "batch_interval_s": 0.05, "quiet_s": 3600.0}
+FAST: dict[str, Any] = {"health_interval_s": 0.05, "batch_interval_s": 0.05, "campaign_refresh_s": 0.5}
 
 
 async def _status(address: str) -> int:

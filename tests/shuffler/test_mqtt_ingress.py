@@ -76,7 +76,7 @@ async def test_reports_over_mqtt_are_spooled_and_acknowledged(
 async def test_mqtt_reports_are_forwarded_in_a_batch_like_grpc_ones(
     upstream: Any, start: Any, kit: SimpleNamespace, mqtt_broker: BrokerAddress, mqtt_prefix: str, device: Any
 ) -> None:
-    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=40))
+    campaign = upstream.fake.add(kit.make_campaign("c1", n_min=40, batch_target=40))
     await started(start, mqtt_broker, mqtt_prefix)
     reports = kit.make_reports(campaign, 40)
     for chunk in (reports[:15], reports[15:]):

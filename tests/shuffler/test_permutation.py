@@ -39,7 +39,7 @@ def test_batch_orders_are_uniform_over_all_24_permutations(tmp_path: Path) -> No
 def test_the_batcher_shuffles_with_the_process_csprng(tmp_path: Path) -> None:
     store = SqliteSpool(tmp_path / "spool.sqlite3")
     try:
-        batcher = Batcher(store, directory=None, quiet_s=0)  # type: ignore[arg-type]
+        batcher = Batcher(store, directory=None)  # type: ignore[arg-type]
         assert batcher._permutation == default_rng().permutation
     finally:
         store.close()

@@ -13,7 +13,7 @@ from deniable.shuffler.errors import QuotaExceeded, status_code
 from deniable.shuffler.quota import SourceQuota
 from deniable.v1 import deniable_pb2 as pb
 
-WAIT_FOREVER = {"quiet_s": 3600.0}
+WAIT_FOREVER = {"batch_interval_s": 3600.0}
 
 
 class FakeContext:

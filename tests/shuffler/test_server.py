@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import runpy
 import subprocess
 import sys
@@ -104,7 +105,7 @@ async def test_list_with_upstream_down_and_empty_cache_is_unavailable(upstream, 
 
 async def test_stats_rpc(upstream, start, channel_to, kit: SimpleNamespace) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=50))
-    stub = channel_to(await start(quiet_s=3600.0))
+    stub = channel_to(await start())
     await stub.SubmitReports(pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 4)))
     stats = await stub.Stats(pb.ShufflerStatsRequest())
     assert [(c.campaign_id, c.pending, c.in_flight) for c in stats.campaigns] == [("c1", 4, 0)]
@@ -112,7 +113,7 @@ async def test_stats_rpc(upstream, start, channel_to, kit: SimpleNamespace) -> N
 
 async def test_metrics_endpoint(upstream, start, kit: SimpleNamespace) -> None:
     campaign = upstream.fake.add(kit.make_campaign("c1", n_min=2))
-    shuffler = await start(metrics_port=0, quiet_s=3600.0)
+    shuffler = await start(metrics_port=0)
     await shuffler.handlers.submit(pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 2)))
     await shuffler.flush()
     assert shuffler.metrics_port
@@ -125,6 +126,17 @@ async def test_metrics_endpoint(upstream, start, kit: SimpleNamespace) -> None:
         "deniable_shuffler_forward_failures_total 0.0",
     ):
         assert line in body
+
+
+async def test_metrics_bind_the_listen_host_not_loopback(upstream, start) -> None:
+    """Prometheus scrapes the pod address: metrics follow --listen's host (127.0.0.2 here), so a
+    hard-coded 127.0.0.1 (the old behaviour) would refuse this connection."""
+    shuffler = await start(listen="127.0.0.2:0", metrics_port=0)
+    url = f"http://127.0.0.2:{shuffler.metrics_port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    assert "deniable_shuffler_pending_reports" in body
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{shuffler.metrics_port}/metrics", timeout=5)
 
 
 def test_package_exports() -> None:

@@ -1,31 +1,38 @@
-"""Contract suite of SpoolStore, run on every implementation (SQLite now; PostgreSQL joins the params)."""
+"""Contract suite of SpoolStore, run on every implementation: SQLite rows here, SQLite segments in
+test_segment_spool.py, PostgreSQL (a real server from tests/postgres_server.py) here."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deniable.core.batches import batch_digest
 from deniable.core.rng import default_rng
 from deniable.shuffler.spool import Envelope, SpoolStore, SqliteSpool
+from deniable.shuffler.spool_postgres import PostgresSpool
 from deniable.v1 import deniable_pb2 as pb
 
 Opener = Callable[[], SpoolStore]
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "postgresql"])
 def open_spool(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     """Opens the implementation under test; every call reopens the same underlying storage."""
     opened: list[SpoolStore] = []
+    dsn = request.getfixturevalue("spool_dsn") if request.param == "postgresql" else ""
 
     def opener() -> SpoolStore:
         if request.param == "sqlite":
             store: SpoolStore = SqliteSpool(tmp_path / "spool.sqlite3")
+        elif request.param == "postgresql":
+            store = PostgresSpool(dsn)
         else:  # pragma: no cover - a name in the fixture params with no opener here
             raise ValueError(f"no spool implementation called {request.param!r}")
         opened.append(store)
@@ -34,6 +41,14 @@ def open_spool(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opene
     yield opener
     for store in opened:
         store.close()  # closing twice is allowed
+
+
+@pytest.fixture
+def spool_dsn(postgres_server: Any) -> Iterator[str]:
+    """A fresh database on the session's PostgreSQL server (sync: the spool runs its own loop)."""
+    name = asyncio.run(postgres_server.create_database("spool"))
+    yield postgres_server.dsn(name)
+    asyncio.run(postgres_server.drop_database(name))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from deniable.core import service
 from deniable.v1 import deniable_pb2 as pb
 
-WAIT_FOREVER = {"quiet_s": 3600.0}  # keep reports pending so the spool can be inspected
+WAIT_FOREVER = {"batch_interval_s": 3600.0}  # keep reports pending so the spool can be inspected
 
 
 async def pending_of(stub: Any) -> dict[str, int]:

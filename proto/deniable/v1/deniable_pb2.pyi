@@ -190,6 +190,10 @@ class Campaign(google.protobuf.message.Message):
     SIGNATURE_FIELD_NUMBER: builtins.int
     LOCAL_GUARANTEE_FIELD_NUMBER: builtins.int
     LOCAL_EPSILON_FIELD_NUMBER: builtins.int
+    BATCH_TARGET_FIELD_NUMBER: builtins.int
+    CLOSED_FIELD_NUMBER: builtins.int
+    KEEP_REQUESTS_WHOLE_FIELD_NUMBER: builtins.int
+    BELOW_N_MIN_UNTIL_UNIX_FIELD_NUMBER: builtins.int
     id: builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: builtins.str
@@ -244,6 +248,18 @@ class Campaign(google.protobuf.message.Message):
     """epsilon0 is the central target and a device keeps no local DP
     the local guarantee's epsilon (epsilon0), 0 when there is none
     """
+    batch_target: builtins.int
+    """--- batch ---
+    messages the shuffler collects before it releases a batch: the
+    """
+    closed: builtins.bool
+    """batch size the guarantee was planned for (never below n_min)
+    the operator closed the window early (window_end_unix is then)
+    """
+    keep_requests_whole: builtins.bool
+    """multi-message: a request's messages are never split over batches"""
+    below_n_min_until_unix: builtins.int
+    """operator authorised batches below n_min until this time (0: never)"""
     @property
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -280,8 +296,12 @@ class Campaign(google.protobuf.message.Message):
         signature: builtins.bytes = ...,
         local_guarantee: builtins.bool = ...,
         local_epsilon: builtins.float = ...,
+        batch_target: builtins.int = ...,
+        closed: builtins.bool = ...,
+        keep_requests_whole: builtins.bool = ...,
+        below_n_min_until_unix: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["ciphertext_length", b"ciphertext_length", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "below_n_min_until_unix", b"below_n_min_until_unix", "ciphertext_length", b"ciphertext_length", "closed", b"closed", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "keep_requests_whole", b"keep_requests_whole", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___Campaign: typing_extensions.TypeAlias = Campaign
 
@@ -464,18 +484,26 @@ class FlushResponse(google.protobuf.message.Message):
     BATCHES_FORWARDED_FIELD_NUMBER: builtins.int
     REPORTS_FORWARDED_FIELD_NUMBER: builtins.int
     REPORTS_HELD_FIELD_NUMBER: builtins.int
+    WINDOW_HELD_FIELD_NUMBER: builtins.int
     batches_forwarded: builtins.int
     reports_forwarded: builtins.int
     reports_held: builtins.int
     """still spooled (below n_min and no override, or upstream down)"""
+    @property
+    def window_held(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___WindowHeld]:
+        """--- batch ---
+        campaigns whose window ended with fewer than n_min reports
+        """
+
     def __init__(
         self,
         *,
         batches_forwarded: builtins.int = ...,
         reports_forwarded: builtins.int = ...,
         reports_held: builtins.int = ...,
+        window_held: collections.abc.Iterable[Global___WindowHeld] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["batches_forwarded", b"batches_forwarded", "reports_forwarded", b"reports_forwarded", "reports_held", b"reports_held"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batches_forwarded", b"batches_forwarded", "reports_forwarded", b"reports_forwarded", "reports_held", b"reports_held", "window_held", b"window_held"]) -> None: ...
 
 Global___FlushResponse: typing_extensions.TypeAlias = FlushResponse
 
@@ -635,6 +663,8 @@ class CreateCampaignRequest(google.protobuf.message.Message):
     EXPECTED_N_FIELD_NUMBER: builtins.int
     QUOTA_PER_SOURCE_FIELD_NUMBER: builtins.int
     KEM_FIELD_NUMBER: builtins.int
+    BATCH_TARGET_FIELD_NUMBER: builtins.int
+    WINDOW_S_FIELD_NUMBER: builtins.int
     id: builtins.str
     question: builtins.str
     kind: Global___DomainKind.ValueType
@@ -659,6 +689,12 @@ class CreateCampaignRequest(google.protobuf.message.Message):
     """
     kem: builtins.str
     """"x25519" (default) or "x25519-mlkem768" (post-quantum hybrid)"""
+    batch_target: builtins.int
+    """--- batch ---
+    devices per released batch (default: expected_n if planned, else n_min)
+    """
+    window_s: builtins.int
+    """window length from creation, if window_end_unix is 0 (0: default 7 days)"""
     @property
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """required for CATEGORICAL, ignored for BINARY"""
@@ -686,8 +722,10 @@ class CreateCampaignRequest(google.protobuf.message.Message):
         expected_n: builtins.int = ...,
         quota_per_source: builtins.int = ...,
         kem: builtins.str = ...,
+        batch_target: builtins.int = ...,
+        window_s: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kem", b"kem", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "id", b"id", "kem", b"kem", "kind", b"kind", "labels", b"labels", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "question", b"question", "quota_per_source", b"quota_per_source", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_s", b"window_s", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___CreateCampaignRequest: typing_extensions.TypeAlias = CreateCampaignRequest
 
@@ -806,6 +844,10 @@ class PrivacyStatement(google.protobuf.message.Message):
     LOCAL_GUARANTEE_FIELD_NUMBER: builtins.int
     EVALUATED_N_FIELD_NUMBER: builtins.int
     LOCAL_EPSILON_FIELD_NUMBER: builtins.int
+    BATCH_TARGET_FIELD_NUMBER: builtins.int
+    BATCHES_FIELD_NUMBER: builtins.int
+    BELOW_N_MIN_AUTHORISED_FIELD_NUMBER: builtins.int
+    EPSILON_UNAVAILABLE_FIELD_NUMBER: builtins.int
     epsilon0: builtins.float
     """local guarantee of every report"""
     central_epsilon: builtins.float
@@ -827,6 +869,16 @@ class PrivacyStatement(google.protobuf.message.Message):
     """--- shufonly ---
     local epsilon of every report; 0 when there is no local guarantee
     """
+    batch_target: builtins.int
+    """--- batch ---
+    devices the campaign's guarantee was planned for (0: not set)
+    """
+    batches: builtins.int
+    """batches counted"""
+    below_n_min_authorised: builtins.bool
+    """the operator authorised batches below n_min for this campaign"""
+    epsilon_unavailable: builtins.str
+    """why no finite central epsilon can be stated (central_epsilon is then inf)"""
     def __init__(
         self,
         *,
@@ -840,8 +892,12 @@ class PrivacyStatement(google.protobuf.message.Message):
         local_guarantee: builtins.bool = ...,
         evaluated_n: builtins.int = ...,
         local_epsilon: builtins.float = ...,
+        batch_target: builtins.int = ...,
+        batches: builtins.int = ...,
+        below_n_min_authorised: builtins.bool = ...,
+        epsilon_unavailable: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "evaluated_n", b"evaluated_n", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "batch_target", b"batch_target", "batches", b"batches", "below_n_min_authorised", b"below_n_min_authorised", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "epsilon_unavailable", b"epsilon_unavailable", "evaluated_n", b"evaluated_n", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
 
 Global___PrivacyStatement: typing_extensions.TypeAlias = PrivacyStatement
 
@@ -972,6 +1028,53 @@ class ListKeysResponse(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["keys", b"keys", "signing_public_key", b"signing_public_key"]) -> None: ...
 
 Global___ListKeysResponse: typing_extensions.TypeAlias = ListKeysResponse
+
+@typing.final
+class WindowHeld(google.protobuf.message.Message):
+    """--- batch ---
+
+    A campaign whose collection window ended while the shuffler held fewer than n_min of its reports.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    PENDING_FIELD_NUMBER: builtins.int
+    N_MIN_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    pending: builtins.int
+    n_min: builtins.int
+    def __init__(
+        self,
+        *,
+        campaign_id: builtins.str = ...,
+        pending: builtins.int = ...,
+        n_min: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "n_min", b"n_min", "pending", b"pending"]) -> None: ...
+
+Global___WindowHeld: typing_extensions.TypeAlias = WindowHeld
+
+@typing.final
+class ReleaseBelowNMinRequest(google.protobuf.message.Message):
+    """Authorise the shuffler to forward batches below n_min for a while (recorded; stated in answers)."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: builtins.int
+    VALID_S_FIELD_NUMBER: builtins.int
+    campaign_id: builtins.str
+    valid_s: builtins.int
+    """how long the authorisation holds (default 600, at most 86400)"""
+    def __init__(
+        self,
+        *,
+        campaign_id: builtins.str = ...,
+        valid_s: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "valid_s", b"valid_s"]) -> None: ...
+
+Global___ReleaseBelowNMinRequest: typing_extensions.TypeAlias = ReleaseBelowNMinRequest
 
 @typing.final
 class KeyRotateRequest(google.protobuf.message.Message):

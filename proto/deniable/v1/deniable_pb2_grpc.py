@@ -336,6 +336,11 @@ class AggregatorStub(object):
                 request_serializer=deniable_dot_v1_dot_deniable__pb2.KeyCloseCampaignRequest.SerializeToString,
                 response_deserializer=deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
                 _registered_method=True)
+        self.ReleaseBelowNMin = channel.unary_unary(
+                '/deniable.v1.Aggregator/ReleaseBelowNMin',
+                request_serializer=deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.SerializeToString,
+                response_deserializer=deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
+                _registered_method=True)
 
 
 class AggregatorServicer(object):
@@ -398,7 +403,15 @@ class AggregatorServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def CloseCampaign(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """also sets Campaign.closed (batch)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseBelowNMin(self, request, context):
+        """--- batch --- (operator only)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -454,6 +467,11 @@ def add_AggregatorServicer_to_server(servicer, server):
             'CloseCampaign': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseCampaign,
                     request_deserializer=deniable_dot_v1_dot_deniable__pb2.KeyCloseCampaignRequest.FromString,
+                    response_serializer=deniable_dot_v1_dot_deniable__pb2.Campaign.SerializeToString,
+            ),
+            'ReleaseBelowNMin': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseBelowNMin,
+                    request_deserializer=deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.FromString,
                     response_serializer=deniable_dot_v1_dot_deniable__pb2.Campaign.SerializeToString,
             ),
     }
@@ -726,6 +744,33 @@ class Aggregator(object):
             target,
             '/deniable.v1.Aggregator/CloseCampaign',
             deniable_dot_v1_dot_deniable__pb2.KeyCloseCampaignRequest.SerializeToString,
+            deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseBelowNMin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deniable.v1.Aggregator/ReleaseBelowNMin',
+            deniable_dot_v1_dot_deniable__pb2.ReleaseBelowNMinRequest.SerializeToString,
             deniable_dot_v1_dot_deniable__pb2.Campaign.FromString,
             options,
             channel_credentials,

@@ -393,7 +393,23 @@ _AggregatorCloseCampaignType = typing_extensions.TypeVar(
     ],
 )
 
-class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorRotateKeyType, _AggregatorDestroyKeyType, _AggregatorCloseCampaignType]):
+_AggregatorReleaseBelowNMinType = typing_extensions.TypeVar(
+    '_AggregatorReleaseBelowNMinType',
+    grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+)
+
+class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGetCampaignType, _AggregatorListCampaignsType, _AggregatorIngestBatchType, _AggregatorBinarySumType, _AggregatorHistogramType, _AggregatorListKeysType, _AggregatorRotateKeyType, _AggregatorDestroyKeyType, _AggregatorCloseCampaignType, _AggregatorReleaseBelowNMinType]):
     """Holds the keys and the counts. Only the shuffler (and operators) call it."""
 
     @typing.overload
@@ -436,6 +452,10 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
         ],
         grpc.UnaryUnaryMultiCallable[
             deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
             deniable.v1.deniable_pb2.Campaign,
         ],
     ], channel: grpc.Channel) -> None: ...
@@ -482,6 +502,10 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
             deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
             deniable.v1.deniable_pb2.Campaign,
         ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+            deniable.v1.deniable_pb2.Campaign,
+        ],
     ], channel: grpc.aio.Channel) -> None: ...
 
     CreateCampaign: _AggregatorCreateCampaignType
@@ -504,6 +528,10 @@ class AggregatorStub(typing.Generic[_AggregatorCreateCampaignType, _AggregatorGe
     DestroyKey: _AggregatorDestroyKeyType
 
     CloseCampaign: _AggregatorCloseCampaignType
+    """also sets Campaign.closed (batch)"""
+
+    ReleaseBelowNMin: _AggregatorReleaseBelowNMinType
+    """--- batch --- (operator only)"""
 
 AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
     grpc.aio.UnaryUnaryMultiCallable[
@@ -544,6 +572,10 @@ AggregatorAsyncStub: typing_extensions.TypeAlias = AggregatorStub[
     ],
     grpc.aio.UnaryUnaryMultiCallable[
         deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
+        deniable.v1.deniable_pb2.Campaign,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
         deniable.v1.deniable_pb2.Campaign,
     ],
 ]
@@ -620,6 +652,15 @@ class AggregatorServicer(metaclass=abc.ABCMeta):
         self,
         request: deniable.v1.deniable_pb2.KeyCloseCampaignRequest,
         context: _ServicerContext,
-    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]: ...
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]:
+        """also sets Campaign.closed (batch)"""
+
+    @abc.abstractmethod
+    def ReleaseBelowNMin(
+        self,
+        request: deniable.v1.deniable_pb2.ReleaseBelowNMinRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[deniable.v1.deniable_pb2.Campaign, collections.abc.Awaitable[deniable.v1.deniable_pb2.Campaign]]:
+        """--- batch --- (operator only)"""
 
 def add_AggregatorServicer_to_server(servicer: AggregatorServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

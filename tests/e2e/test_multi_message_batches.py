@@ -1,0 +1,93 @@
+"""A multi-message campaign released in several batches, through the real services: every device
+whole in one batch, every batch at least the target, every query answerable while batches arrive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deniable.aggregator import AggregatorConfig, start_aggregator
+from deniable.client import GrpcTransport, Outbox, Reporter
+from deniable.core.service import insecure_channel
+from deniable.shuffler import ShufflerConfig, start_shuffler
+from deniable.v1 import deniable_pb2 as pb
+from deniable.v1 import deniable_pb2_grpc as pb_grpc
+
+DEVICES = 120
+TARGET = 25
+
+
+async def test_split_and_mix_sum_in_many_batches_counts_every_device(tmp_path: Path) -> None:
+    """120 devices, 9 messages each, sent 7 messages a request (not a multiple of 9): requests are
+    completed to whole devices, the shuffler cuts only between requests at ≥ 25 devices (the rest,
+    ≥ n_min, at the window's close), and the
+    aggregator (which refuses a batch splitting a device) counts all of them. Queries between the
+    releases never fail. Before: batches were cut anywhere and the query hit INTERNAL."""
+    aggregator = await start_aggregator(
+        AggregatorConfig(
+            data_dir=tmp_path / "agg", listen="127.0.0.1:0", insecure=True
+        )  # about batches, not TLS
+    )
+    shuffler = await start_shuffler(
+        ShufflerConfig(
+            data_dir=tmp_path / "shuf",
+            upstream=aggregator.address,
+            listen="127.0.0.1:0",
+            insecure=True,
+            quota_per_source=0,  # one simulated source sends for every device
+            batch_interval_s=0.05,
+        )
+    )
+    channel = insecure_channel(aggregator.address)
+    transport = GrpcTransport(shuffler.address, insecure=True)
+    outbox = Outbox(tmp_path / "outbox.db")
+    try:
+        operator = pb_grpc.AggregatorStub(channel)
+        request = pb.CreateCampaignRequest(
+            id="sum",
+            question="Did it?",
+            kind=pb.BINARY,
+            mechanism=pb.MULTI_MESSAGE_SUM,
+            epsilon0=2.0,
+            n_min=10,
+            batch_target=TARGET,
+            params={"expected_n": float(TARGET)},
+        )
+        campaign = await operator.CreateCampaign(request, timeout=60)
+        reporter = await Reporter.fetch(
+            "sum", transport, outbox, insecure_skip_verify=True
+        )  # about batches, not signatures
+        answers = []
+        for first in range(0, DEVICES, 20):  # devices arrive 20 at a time; a query after each wave
+            reporter.record_many([i % 2 for i in range(first, first + 20)])
+            sent = await reporter.send_pending(batch_size=7)
+            assert sent.pending == 0 and sent.rejected == 0, sent
+            answers.append(await operator.BinarySum(pb.QueryRequest(campaign_id="sum"), timeout=30))
+        await operator.CloseCampaign(pb.KeyCloseCampaignRequest(campaign_id="sum"), timeout=30)
+        flushed = await shuffler.flush("sum")
+        messages = reporter.randomiser.messages_per_device
+        assert messages is not None and campaign.batch_target == TARGET * messages
+        held = sum(h.pending for h in flushed.window_held)  # fewer than n_min left at the close: held
+        if held:
+            counted = await operator.BinarySum(pb.QueryRequest(campaign_id="sum"), timeout=30)
+            assert counted.messages + held == DEVICES * messages and held < 10 * messages
+            await operator.ReleaseBelowNMin(pb.ReleaseBelowNMinRequest(campaign_id="sum"), timeout=30)
+            await shuffler.flush("sum", below_n_min=True)
+        final = await operator.BinarySum(pb.QueryRequest(campaign_id="sum"), timeout=30)
+        assert final.n == DEVICES and final.messages == DEVICES * messages
+        assert final.privacy.below_n_min_authorised == bool(held)
+        # Batches at the target while devices arrive, then the rest (≥ n_min) when the window closes.
+        releases = shuffler.metrics.releases
+        assert releases.labels(cause="target")._value.get() >= 2
+        assert releases.labels(cause="window")._value.get() <= 1
+        assert final.privacy.batches >= 3 and (held or final.privacy.smallest_batch >= 10)
+        if final.privacy.smallest_batch < TARGET:
+            assert "below the campaign's batch target" in final.privacy.note
+        assert len(answers) == DEVICES // 20  # every query between releases answered (no INTERNAL)
+        assert [a.n for a in answers] == sorted(a.n for a in answers)
+        assert 'outcome="incomplete"' not in aggregator.handlers.metrics.exposition().decode()
+    finally:
+        outbox.close()
+        await transport.close()
+        await channel.close()
+        await shuffler.stop()
+        await aggregator.stop()
