@@ -34,6 +34,8 @@ GRID_TOLERANCE = 0.006
 GRID_DELTA_TOLERANCE = 0.02
 # Cells (u x t) per evaluation of the full GRR blanket (about 0.15 s here; ~15 per search).
 FULL_BLANKET_MAX_CELLS = 4_000_000
+# Beyond it, the u-blocked evaluation at n: (blocks x t values) per evaluation, ~1 us each.
+BLOCKED_BLANKET_MAX_CELLS = 200_000
 
 
 class NotApplicable(ValueError):
@@ -315,13 +317,14 @@ class GRRFullBlanket(GRRBlanket):
     """The full privacy blanket of k-ary RR (k >= 3): the adversary learns the number of blanket
     reports, not whether the victim's report fell outside the two differing values.
 
-    Computed exactly over (blanket count u, reports t on {x0, x1}) with a closed form in the count
-    on x0 (derivation in ``_blanket``). Beyond the cost budget it is evaluated at the largest
-    affordable n' < n: the true profile only falls with n (post-processing), so the bound for n'
-    users stays valid for n.
+    Computed exactly over (blanket count u, reports t on {x0, x1}) within ``max_cells``; beyond
+    it at the same n with u in blocks, each bounded by its first u (the conditional divergence
+    falls with u: docs/amplification.md §3c). Only past ``blocked_max_cells`` too is it evaluated
+    at the largest affordable n' < n (post-processing: the bound for n' users holds for n).
     """
 
     max_cells: int = field(default=FULL_BLANKET_MAX_CELLS, compare=False)
+    blocked_max_cells: int = field(default=BLOCKED_BLANKET_MAX_CELLS, compare=False)
 
     name: ClassVar[str] = "GRR full privacy blanket (numerical)"
     citation: ClassVar[str] = (
@@ -335,37 +338,61 @@ class GRRFullBlanket(GRRBlanket):
         if self.domain_size < 3:
             raise ValueError("the full blanket needs k >= 3 (for k = 2 use GRRBlanket or BinaryRRExact)")
 
-    def _cells(self, n: int) -> int:
+    def _blanket_rate(self) -> float:
         _, o = self._probabilities()
-        return _blanket.window_cells(max(n - 1, 1), min(1.0, self.domain_size * o), self.domain_size)
+        return min(1.0, self.domain_size * o)
+
+    def _cells(self, n: int) -> int:
+        return _blanket.window_cells(max(n - 1, 1), self._blanket_rate(), self.domain_size)
+
+    def _blocked_cells(self, n: int) -> int:
+        return _blanket.blocked_cells(max(n - 1, 1), self._blanket_rate(), self.domain_size)
+
+    @property
+    def blocked(self) -> bool:
+        """Whether u is blocked (the exact double sum is past ``max_cells``)."""
+        return self._cells(self.evaluated_n) > self.max_cells
 
     @property
     def evaluated_n(self) -> int:
-        """n itself when affordable, else the largest n' < n within ``max_cells``."""
-        return largest_affordable_n(self.n, self._cells, self.max_cells)
+        """n itself when exact or blocked is affordable, else the largest blocked n' < n."""
+        if self._cells(self.n) <= self.max_cells:
+            return self.n
+        return largest_affordable_n(self.n, self._blocked_cells, self.blocked_max_cells)
 
     def detail(self) -> str:
-        return budget_detail(self.n, self.evaluated_n)
+        note = budget_detail(self.n, self.evaluated_n)
+        if self.blocked:
+            note = "; ".join(filter(None, [f"u in {_blanket.BLOCKS} blocks", note]))
+        return note
 
     def delta_for_epsilon(self, epsilon: float) -> float:
         p, o = self._probabilities()
         if epsilon >= self.local_epsilon:
             return 0.0
+        if self.blocked:
+            return _blanket.blocked_delta(epsilon, p, o, self.domain_size, self.evaluated_n)
         return _blanket.full_blanket_delta(epsilon, p, o, self.domain_size, self.evaluated_n)
 
     def epsilon_for_delta(self, delta: float) -> float:
         p, o = self._probabilities()
-        return _cached_full_blanket_epsilon(self.epsilon0, p, o, self.domain_size, self.evaluated_n, delta)
+        return _cached_full_blanket_epsilon(
+            self.epsilon0, p, o, self.domain_size, self.evaluated_n, delta, self.blocked
+        )
 
 
 @functools.lru_cache(maxsize=256)
 def _cached_full_blanket_epsilon(
-    epsilon0: float, keep: float, other: float, k: int, n: int, delta: float
+    epsilon0: float, keep: float, other: float, k: int, n: int, delta: float, blocked: bool
 ) -> float:
     """About 15 evaluations of the double sum per search: remember the answers."""
-    analysis = GRRFullBlanket(epsilon0, n, k, keep, other)
     check_inputs(epsilon0, n, delta)
-    return search_epsilon(analysis.delta_for_epsilon, delta, analysis.local_epsilon)
+    if blocked:
+        profile = functools.partial(_blanket.blocked_delta, keep=keep, other=other, k=k, n=n)
+    else:
+        profile = functools.partial(_blanket.full_blanket_delta, keep=keep, other=other, k=k, n=n)
+    local = min(epsilon0, math.log(keep / other))
+    return search_epsilon(lambda eps: 0.0 if eps >= local else profile(eps), delta, local)
 
 
 @dataclass(frozen=True)
