@@ -160,7 +160,7 @@ def full_blanket_delta(epsilon: float, keep: float, other: float, k: int, n: int
     return min(1.0, bound + neglected_b)
 
 
-BLOCKS = 48  # u values the blocked evaluation visits (the window of U is cut into this many runs)
+BLOCKS = 16  # u values the blocked evaluation visits (the window of U is cut into this many runs)
 
 
 def _conditional_divergences(epsilon: float, keep: float, other: float, k: int, us: IntArray) -> FloatArray:
@@ -195,7 +195,9 @@ def _conditional_divergences(epsilon: float, keep: float, other: float, k: int, 
     return np.minimum(out, 1.0)
 
 
-def blocked_delta(epsilon: float, keep: float, other: float, k: int, n: int, blocks: int = BLOCKS) -> float:
+def blocked_delta(
+    epsilon: float, keep: float, other: float, k: int, n: int, blocks: int | None = None
+) -> float:
     """The full blanket at the real n, u blocked: sum_j P[U in block j] D_{first u of block j}.
 
     D_u falls with u (u + 1 draws are u draws plus one independent uniform draw, the same
@@ -211,7 +213,7 @@ def blocked_delta(epsilon: float, keep: float, other: float, k: int, n: int, blo
     blanket = min(1.0, k * other)
     b_lo, b_hi, neglected_b = chernoff_window(others, blanket, _LOG_TAIL)
     mass = pmf_run(b_lo, b_hi - b_lo + 1, others, blanket)
-    count = min(blocks, mass.size)
+    count = min(blocks or BLOCKS, mass.size)
     edges = np.linspace(0, mass.size, count + 1).astype(np.int64)
     starts = edges[:-1]
     block_mass = np.add.reduceat(mass, starts) * (1 + ROUNDING_ALLOWANCE)

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import pytest
+
 from deniable.cli.render import privacy_line
-from deniable.core.accounting import GRRFullBlanket, best_bound
+from deniable.core.accounting import GRRFullBlanket, _blanket, best_bound
+from deniable.core.accounting.accountant import clear_cache
+from deniable.core.accounting.analyses import _cached_full_blanket_epsilon
 from deniable.v1 import deniable_pb2 as pb
 
 
-def test_the_bound_carries_n_prime_when_the_winner_ran_below_n() -> None:
-    """GRR k = 100, eps0 = 5: the full blanket wins at n = 5e5 but runs at n' < n (its budget)."""
+def test_the_bound_carries_n_prime_when_the_winner_ran_below_n(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRR k = 100, eps0 = 5, n = 5e5: the full blanket wins and now runs at n (u blocked, issue 9
+    item 6); with the blocked evaluation made unaffordable it runs at n' < n and says so."""
+    assert best_bound(5.0, 500_000, 1e-6, "grr", 100).evaluated_n == 0
+    clear_cache()
+    _cached_full_blanket_epsilon.cache_clear()
+    monkeypatch.setattr(_blanket, "blocked_cells", lambda others, blanket, k: others // 2)
     bound = best_bound(5.0, 500_000, 1e-6, "grr", 100)
     assert bound.analysis == GRRFullBlanket.name
     assert 0 < bound.evaluated_n < 500_000 and f"n'={bound.evaluated_n}" in bound.note
+    clear_cache()
     assert best_bound(1.0, 10**6, 1e-6, "binary_rr").evaluated_n == 0  # binary RR runs at n itself
 
 

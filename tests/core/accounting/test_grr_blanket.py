@@ -20,6 +20,8 @@ from deniable.core.accounting import (
     best_bound,
     realised_probabilities,
 )
+from deniable.core.accounting import _blanket
+from deniable.core.accounting.analyses import largest_affordable_n, search_epsilon
 
 
 def reduced_experiment_delta(eps: float, keep: Fraction, other: Fraction, k: int, n: int) -> Fraction:
@@ -206,14 +208,83 @@ def test_full_blanket_is_much_tighter_at_large_k_and_the_accountant_picks_it() -
 
 
 def test_full_blanket_budget_falls_back_to_a_smaller_valid_n() -> None:
-    capped = GRRFullBlanket(4.0, 20_000, 8, max_cells=50_000)
+    """Past the exact budget u is blocked at n; past the blocked budget too, n' < n (contract of
+    issue 9 item 6: before it, the first cap alone meant n')."""
+    capped = GRRFullBlanket(4.0, 20_000, 8, max_cells=50_000, blocked_max_cells=2_000)
     assert capped.evaluated_n < 20_000 and "n'=" in capped.detail()
+    blocked = GRRFullBlanket(4.0, 20_000, 8, max_cells=50_000)
+    assert blocked.evaluated_n == 20_000 and blocked.blocked and "n'" not in blocked.detail()
     full = GRRFullBlanket(4.0, 20_000, 8)
     assert full.evaluated_n == 20_000 and full.detail() == ""
     for eps in (0.2, 0.4):
         assert capped.delta_for_epsilon(eps) >= full.delta_for_epsilon(eps)
+        assert blocked.delta_for_epsilon(eps) >= full.delta_for_epsilon(eps)
 
 
 def test_full_blanket_refuses_two_categories() -> None:
     with pytest.raises(ValueError, match="k >= 3"):
         GRRFullBlanket(1.0, 100, 2)
+
+
+def enumerated_conditional_divergence(eps: float, keep: float, other: float, k: int, u: int) -> float:
+    """D_{e^eps} between the histograms of u - 1 uniform draws plus the victim's GRR report, x0 vs x1."""
+    uniform = np.full(k, 1 / k)
+    matrix = grr_matrix(keep, other, k)
+    p = histogram_law([*([uniform] * (u - 1)), matrix[0]], k)
+    q = histogram_law([*([uniform] * (u - 1)), matrix[1]], k)
+    e = math.exp(eps)
+    return sum(max(p[h] - e * q.get(h, 0.0), 0.0) for h in p)
+
+
+@pytest.mark.parametrize(("k", "eps0"), [(3, 1.0), (4, 2.0), (5, 0.5)])
+def test_conditional_divergence_matches_enumeration_and_falls_with_u(k: int, eps0: float) -> None:
+    """The lemma behind the blocks (docs/amplification.md §3c): D_u is exact and never rises with u."""
+    keep, other = (float(x) for x in realised_probabilities("grr", eps0, k))
+    for eps in (0.0, 0.3 * eps0, 0.8 * eps0):
+        ours = _blanket._conditional_divergences(eps, keep, other, k, np.arange(1, 8, dtype=np.int64))
+        exact = [enumerated_conditional_divergence(eps, keep, other, k, u) for u in range(1, 8)]
+        assert all(exact[i] - 1e-15 <= ours[i] <= exact[i] * (1 + 1e-8) + 1e-15 for i in range(7))
+        assert all(later <= earlier + 1e-15 for earlier, later in itertools.pairwise(exact))
+        longer = _blanket._conditional_divergences(eps, keep, other, k, np.arange(1, 400, 7, dtype=np.int64))
+        assert all(later <= earlier * (1 + 1e-9) + 1e-16 for earlier, later in itertools.pairwise(longer))
+
+
+@pytest.mark.parametrize(("k", "n", "eps0"), [(3, 5, 1.0), (3, 4, 1.0), (3, 6, 2.0), (4, 5, 1.5)])
+def test_blocked_blanket_never_below_the_true_shuffled_histogram(k: int, n: int, eps0: float) -> None:
+    """Every configuration of the others enumerated; one and two blocks make the blocking bite.
+    k = 3, n = 5, eps0 = 1, eps = 0.99: true delta 6.3e-4 (the withdrawn variation-ratio pair said 1.2e-5)."""
+    keep, other = (float(x) for x in realised_probabilities("grr", eps0, k))
+    for eps in (0.0, 0.2, 0.6, 0.95 * eps0, 0.99 * eps0):
+        true = true_shuffled_delta(eps, keep, other, k, n)
+        exact = _blanket.full_blanket_delta(eps, keep, other, k, n)
+        for blocks in (1, 2, None):
+            assert _blanket.blocked_delta(eps, keep, other, k, n, blocks) >= max(true, exact) - 1e-15
+    if (k, n, eps0) == (3, 5, 1.0):
+        assert true_shuffled_delta(0.99, keep, other, 3, 5) > 6e-4
+
+
+@pytest.mark.parametrize(("k", "n", "eps0"), [(8, 20_000, 4.0), (100, 50_000, 1.0), (3, 3_000, 2.0)])
+def test_blocked_blanket_sits_between_exact_at_n_and_exact_at_n_prime(k: int, n: int, eps0: float) -> None:
+    """Above the exact double sum at n (valid), below it at n' = n / 4 (tighter than the fallback),
+    within 1% in eps of exact, and monotone in n."""
+    keep, other = (float(x) for x in realised_probabilities("grr", eps0, k))
+    exact = search_epsilon(lambda e: _blanket.full_blanket_delta(e, keep, other, k, n), 1e-6, eps0)
+    fallback = search_epsilon(lambda e: _blanket.full_blanket_delta(e, keep, other, k, n // 4), 1e-6, eps0)
+    blocked = search_epsilon(lambda e: _blanket.blocked_delta(e, keep, other, k, n), 1e-6, eps0)
+    larger = search_epsilon(lambda e: _blanket.blocked_delta(e, keep, other, k, 2 * n), 1e-6, eps0)
+    assert exact * (1 - 1e-6) <= blocked <= min(fallback, 1.01 * exact)
+    assert larger <= blocked
+
+
+def test_large_n_runs_at_n_and_is_no_worse_than_the_old_fallback() -> None:
+    """k = 100, eps0 = 4, n = 1e6: past the exact budget the blanket now runs at n (u in blocks)."""
+    n, delta = 10**6, 1e-6
+    analysis = GRRFullBlanket(4.0, n, 100)
+    assert analysis.blocked and analysis.evaluated_n == n and "n'" not in analysis.detail()
+    old_n = largest_affordable_n(n, analysis._cells, 1_000_000)
+    assert old_n < n
+    keep, other = analysis._probabilities()
+    old = search_epsilon(lambda e: _blanket.full_blanket_delta(e, keep, other, 100, old_n), delta, 4.0)
+    bound = best_bound(4.0, n, delta, "grr", 100)
+    assert bound.analysis == GRRFullBlanket.name and bound.evaluated_n == 0
+    assert bound.epsilon <= old
