@@ -8,7 +8,8 @@ bound on the exact shuffled-RR epsilon; at n = 1e4 the exhaustive value itself),
 (an upper bound on the accountant's ratio to exact) and the wall time of a cold ``best_bound``.
 For GRR at k in {8, 100, 1024}, n in {1e5, 1e6, 1e7}, eps0 in {1, 4}, delta 1e-6: the full
 blanket now (at n, u blocked past the exact budget) against before (exact at n' < n), the
-accountant's choice and the wall time of each. Timings depend on the machine's load (printed first); nothing here is a test assertion.
+accountant's choice and the wall time of each. Timings depend on the machine's load (printed
+first); nothing here is a test assertion.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from deniable.core.accounting._binomial import (
     IntArray,
     chernoff_window,
     log_pmf,
-    pmf_run,
     pmf,
+    pmf_run,
 )
 
 if TYPE_CHECKING:

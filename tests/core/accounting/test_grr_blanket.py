@@ -17,10 +17,10 @@ from deniable.core.accounting import (
     BinaryRRExact,
     GRRBlanket,
     GRRFullBlanket,
+    _blanket,
     best_bound,
     realised_probabilities,
 )
-from deniable.core.accounting import _blanket
 from deniable.core.accounting.analyses import largest_affordable_n, search_epsilon
 
 
