@@ -288,3 +288,17 @@ def test_large_n_runs_at_n_and_is_no_worse_than_the_old_fallback() -> None:
     bound = best_bound(4.0, n, delta, "grr", 100)
     assert bound.analysis == GRRFullBlanket.name and bound.evaluated_n == 0
     assert bound.epsilon <= old
+
+
+@pytest.mark.parametrize(("start", "slope", "shift"), [(2_000, 0.6, 150), (3_000, 0.73, 420), (3, 0.6, 0)])
+def test_tails_along_t_are_within_their_stated_error_of_exact_rationals(
+    start: int, slope: float, shift: int
+) -> None:
+    """The recurrence (and scipy's bdtrc at its anchors) against exact binomial tails."""
+    ts = np.arange(start, start + 600, dtype=np.int64)
+    x = np.maximum(np.floor(ts * slope - shift).astype(np.int64), 1)
+    tails, errors = _blanket._upper_tails(x, ts)
+    for i in range(0, 600, 37):
+        t, xi = int(ts[i]), int(x[i])
+        exact = Fraction(sum(math.comb(t, j) for j in range(xi, t + 1)), 2**t)
+        assert abs(Fraction(float(tails[i])) - exact) <= Fraction(float(errors[i])) + Fraction(1, 10**300)
