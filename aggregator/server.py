@@ -21,7 +21,7 @@ from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool
 from deniable.aggregator.servicer import AggregatorServicer
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
-from deniable.core import jetstream
+from deniable.core import jetstream, tracing
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import HealthMonitor
@@ -64,6 +64,8 @@ class AggregatorConfig:
     decrypt_workers: int = 0
     max_message_bytes: int = MAX_MESSAGE_BYTES
     metrics_port: int | None = None
+    tracer_provider: Any = None
+    """An opentelemetry TracerProvider (core/tracing.py): a root span per RPC; None: no tracing."""
     store: str | None = None
     """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
     tls: ServerTls | None = None
@@ -200,6 +202,7 @@ async def _serve(
         interceptors=[guard],
         on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc(),
         record_request=metrics.observe_request,
+        tracer_provider=config.tracer_provider,
     )
     pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
     health_servicer = await add_health(
@@ -348,3 +351,4 @@ async def serve_aggregator(
         await run_until_signalled(running.stop)
     finally:
         await running.stop()
+        tracing.shutdown(config.tracer_provider)  # flush the last spans

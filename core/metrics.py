@@ -196,7 +196,7 @@ class RequestMetricsInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
     def _finish(self, rpc: str, context: Any, started: float, error: BaseException | None) -> None:
-        self._record(rpc, _code_name(context, error), time.perf_counter() - started)
+        self._record(rpc, code_name(context, error), time.perf_counter() - started)
 
     def _unary(self, behaviour: Any, rpc: str) -> Any:
         async def timed(request: Any, context: Any) -> Any:
@@ -236,7 +236,7 @@ class RequestMetricsInterceptor(grpc.aio.ServerInterceptor):
         return timed
 
 
-def _code_name(context: Any, error: BaseException | None) -> str:
+def code_name(context: Any, error: BaseException | None) -> str:
     """The status the call ends with: what the handler set or aborted with, else OK / CANCELLED / UNKNOWN."""
     code = context.code()
     if isinstance(code, grpc.StatusCode):

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from deniable.core import jetstream, service
+from deniable.core import jetstream, service, tracing
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import Check, HealthMonitor
@@ -70,6 +70,8 @@ class ShufflerConfig:
     max_reports_per_request: int = 10_000
     max_message_bytes: int = service.MAX_MESSAGE_BYTES
     metrics_port: int | None = None
+    tracer_provider: Any = None
+    """An opentelemetry TracerProvider (core/tracing.py): a root span per RPC; None: no tracing."""
     upstream_deadline_s: float = 2.0
     forward_deadline_s: float = 30.0
     retry_base_s: float = 0.5
@@ -232,6 +234,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         interceptors=[guard, RawSubmitInterceptor()],
         on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
         record_request=metrics.observe_request,
+        tracer_provider=config.tracer_provider,
     )
     monitor: HealthMonitor | None = None
     try:
@@ -357,4 +360,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
 async def serve_shuffler(config: ShufflerConfig) -> None:
     """Run a shuffler until SIGTERM or SIGINT, then stop it gracefully."""
     running = await start_shuffler(config)
-    await service.run_until_signalled(running.stop)
+    try:
+        await service.run_until_signalled(running.stop)
+    finally:
+        tracing.shutdown(config.tracer_provider)  # flush the last spans
