@@ -241,6 +241,7 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     executor: DecryptPool | None = None
     server: grpc.aio.Server | None = None
     metrics = AggregatorMetrics()
+    metrics.tracer_provider = config.tracer_provider
     try:
         _prepare_data_dir(config.data_dir)
         lock = DataDirLock(config.data_dir)

@@ -441,7 +441,7 @@ def _add_tracing_options(serve: argparse.ArgumentParser) -> None:
         "--otel-endpoint",
         default=None,
         metavar="URL",
-        help="export OpenTelemetry spans of the gRPC calls to this OTLP/gRPC collector (needs the otel extra)",
+        help="export OpenTelemetry spans of the gRPC calls to this OTLP/gRPC collector (the otel extra)",
     )
     serve.add_argument(
         "--otel-console", action="store_true", help="print OpenTelemetry spans on stdout (debugging)"

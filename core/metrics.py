@@ -7,6 +7,7 @@ without clashing metric names. Labels carry reasons, RPC names and codes, never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import time
@@ -122,6 +123,17 @@ class ServiceMetrics:
         )
         self._http: WSGIServer | None = None
         self._http_thread: threading.Thread | None = None
+        self.tracer_provider: Any = None
+        """An opentelemetry TracerProvider when tracing is on (core/tracing.py), for ``span``."""
+
+    def span(self, name: str, root: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """An INTERNAL span ``name`` around a step (child of the current RPC span, or a new root);
+        nothing when tracing is off."""
+        if self.tracer_provider is None:
+            return contextlib.nullcontext()
+        from deniable.core.tracing import internal_span
+
+        return internal_span(self.tracer_provider, name, root)
 
     def preinitialise(self, rpcs: Iterable[str]) -> None:
         """Create the request series of every RPC and known code at zero (dashboards see them)."""

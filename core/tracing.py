@@ -8,6 +8,7 @@ peer address, report id, request id or metadata. OpenTelemetry is imported only 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -133,21 +134,18 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
         return traced
 
 
-def internal_span(provider: Any, name: str) -> Any:
-    """A context manager: an INTERNAL root span ``name`` (no attributes), or nothing if tracing is off."""
-    if provider is None:
-        import contextlib
-
-        return contextlib.nullcontext()
+def internal_span(provider: Any, name: str, root: bool = False) -> contextlib.AbstractContextManager[Any]:
+    """A context manager: an INTERNAL span ``name`` with no attributes, a child of the current span
+    or (``root``) a new root trace."""
     from opentelemetry import context
 
-    return provider.get_tracer("deniable").start_as_current_span(
-        name, context=context.Context(), record_exception=False, set_status_on_exception=True
+    span: contextlib.AbstractContextManager[Any] = provider.get_tracer("deniable").start_as_current_span(
+        name, context=context.Context() if root else None, record_exception=False
     )
+    return span
 
 
 def shutdown(provider: Any) -> None:
     """Flush and stop the provider's exporters (no-op if tracing is off)."""
     if provider is not None:
         provider.shutdown()
-

@@ -226,6 +226,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         leftovers.remove()
         raise
     metrics = ShufflerMetrics()
+    metrics.tracer_provider = config.tracer_provider
     nats_client: Any = None
     channel = open_channel(config.upstream, upstream_tls, insecure=config.insecure)
     guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)

@@ -13,20 +13,20 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the [otel] extra is part of [dev]")  # never skipped in dev
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import get_current_span  # noqa: E402
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from deniable.aggregator import AggregatorConfig, start_aggregator  # noqa: E402
-from deniable.core import tracing  # noqa: E402
-from deniable.core.certs import DevCerts  # noqa: E402
-from deniable.core.errors import ConfigurationError  # noqa: E402
-from deniable.core.tls import ClientTls, ServerTls, open_channel  # noqa: E402
-from deniable.shuffler import ShufflerConfig, start_shuffler  # noqa: E402
-from deniable.v1 import deniable_pb2 as pb  # noqa: E402
-from deniable.v1 import deniable_pb2_grpc as pb_grpc  # noqa: E402
+from deniable.aggregator import AggregatorConfig, start_aggregator
+from deniable.core import tracing
+from deniable.core.certs import DevCerts
+from deniable.core.errors import ConfigurationError
+from deniable.core.tls import ClientTls, ServerTls, open_channel
+from deniable.shuffler import ShufflerConfig, start_shuffler
+from deniable.v1 import deniable_pb2 as pb
+from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 DEVICE_TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 TRACEPARENT = f"00-{DEVICE_TRACE_ID:032x}-00f067aa0ba902b7-01"
@@ -59,7 +59,8 @@ async def _device_calls(address: str, ca: Path, campaign_id: str) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="nope"), metadata=metadata, timeout=30)
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-        sealed = (CIPHERTEXT * (campaign.ciphertext_length // len(CIPHERTEXT) + 1))[: campaign.ciphertext_length]
+        length = campaign.ciphertext_length
+        sealed = (CIPHERTEXT * (length // len(CIPHERTEXT) + 1))[:length]
         report = pb.EncryptedReport(campaign_id=campaign_id, key_id=campaign.key_id, ciphertext=sealed)
         request = pb.SubmitReportsRequest(reports=[report])
         answer = await stub.SubmitReports(request, metadata=metadata, timeout=30)
@@ -124,10 +125,16 @@ async def test_rpc_spans_carry_codes_and_nothing_of_the_device(
     assert any(s.name == "deniable.v1.Aggregator/CreateCampaign" for s in aggregator_spans)
     ingest = [s for s in aggregator_spans if s.name.endswith("/IngestBatch")]
     assert ingest, [s.name for s in aggregator_spans]
+    forwards = [s for s in shuffler_spans if s.name == "shuffler.forward"]
+    assert forwards and all(s.parent is None for s in forwards)
+    steps = {s.name: s for s in aggregator_spans if s.name.startswith("aggregator.")}
+    assert {"aggregator.decrypt", "aggregator.commit"} <= set(steps), [s.name for s in aggregator_spans]
+    assert all(s.parent is not None and s.parent.span_id == ingest[0].context.span_id for s in steps.values())
     shuffler_traces = {s.context.trace_id for s in shuffler_spans}
     forbidden = [DEVICE_TAG, CIPHERTEXT.hex(), "127.0.0.1", "ipv4", "ipv6", "peer", "net.", "server."]
     for span in (*shuffler_spans, *aggregator_spans):
-        assert span.parent is None, span.name  # a new root: no device-supplied parent
+        if not span.name.startswith("aggregator."):  # the RPC's own steps are its children
+            assert span.parent is None, span.name  # a new root: no device-supplied parent
         assert span.context.trace_id != DEVICE_TRACE_ID
         assert set(span.attributes or {}) <= ALLOWED_ATTRIBUTES, span.attributes
         assert not any(word in _text(span) for word in forbidden), _text(span)
@@ -161,7 +168,8 @@ def test_cli_options_follow_the_config_precedence(tmp_path: Path) -> None:
 
     parser = build_parser()
     (tmp_path / "s.toml").write_text('otel_endpoint = "http://file:4317"\notel_console = true\n')
-    base = ["shuffler", "serve", "--data-dir", str(tmp_path), "--upstream", "x:1", "--config", str(tmp_path / "s.toml")]
+    base = ["shuffler", "serve", "--data-dir", str(tmp_path), "--upstream", "x:1"]
+    base += ["--config", str(tmp_path / "s.toml")]
     env = {"DENIABLE_OTEL_ENDPOINT": "http://env:4317"}
     args = parser.parse_args(base)
     config.resolve(parser, base, args, env)
@@ -196,4 +204,3 @@ def test_tracing_off_imports_nothing_of_opentelemetry() -> None:
     done = subprocess.run([sys.executable, "-c", OFF_SCRIPT], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
-
