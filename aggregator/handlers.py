@@ -65,6 +65,9 @@ DEFAULT_N_MIN: Final = 1000
 DEFAULT_CONFIDENCE: Final = 0.95
 DEFAULT_KEY_DRAIN_S: Final = 86_400.0
 """A retired key is destroyed this long after the last campaign sealed to it closed."""
+DEFAULT_RETENTION_MARGIN_S: Final = 7 * 86_400.0
+"""Report ids are kept this long after a campaign's window ends (late batches still dedupe)."""
+CAMPAIGN_CLOSED: Final = int(pb.CAMPAIGN_CLOSED)
 DEFAULT_WINDOW_S: Final = 7 * 24 * 3600
 """A campaign's collection window when none is given: seven days from its creation (or start)."""
 MAX_WINDOW_S: Final = 10 * 366 * 24 * 3600
@@ -421,6 +424,7 @@ class AggregatorHandlers:
         decrypt_workers: int = 0,
         clock: Callable[[], float] = time.time,
         key_drain_s: float = DEFAULT_KEY_DRAIN_S,
+        retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S,
     ) -> None:
         """``executor`` runs decryption (None: the loop's default; a ``DecryptPool`` is healed when
         a worker dies); ``decrypt_workers`` sets chunking; ``key_drain_s``: how long after its
@@ -433,6 +437,7 @@ class AggregatorHandlers:
         self._workers = decrypt_workers
         self._clock = clock
         self._key_drain_s = key_drain_s
+        self._retention_margin_s = retention_margin_s
         # Held from picking a campaign's key until the campaign is stored, and by every key state
         # change: a sweep never sees a key as unused while a campaign sealed to it is being created.
         self._keys_lock = asyncio.Lock()
@@ -582,6 +587,24 @@ class AggregatorHandlers:
         await self.sweep_keys()
         return pb.StatusDeleteCampaignResponse(campaign_id=campaign.id, counted=counted, batches=batches)
 
+    def _expired(self, campaign: pb.Campaign, now: float) -> bool:
+        """Whether the campaign's retention ended: window closed more than the margin ago.
+
+        A campaign stored without an end keeps its ids until closed (``deniable campaign close``)."""
+        end = campaign.window_end_unix
+        return end != 0 and end + self._retention_margin_s <= now
+
+    async def collect_garbage(self) -> dict[str, int]:
+        """Retire every campaign whose retention ended (forgetting its report ids): {id: ids removed}."""
+        now = self._clock()
+        retired = await self.store.retired()
+        removed: dict[str, int] = {}
+        for campaign in await self.store.list_campaigns():
+            if campaign.id not in retired and self._expired(campaign, now):
+                removed[campaign.id] = await self.store.retire_campaign(campaign.id)
+                self.metrics.report_ids_forgotten.inc(removed[campaign.id])
+        return removed
+
     @staticmethod
     def _closed(campaign: pb.Campaign, now: float) -> bool:
         """Whether the campaign's window has ended (an open-ended campaign never has)."""
@@ -661,11 +684,17 @@ class AggregatorHandlers:
 
         self._check_batch_size(campaign, len(envelopes))
         randomiser = randomiser_for(campaign)
-        with self.metrics.decrypt_seconds.time(), self.metrics.span("aggregator.decrypt"):
-            opened = await self._open(campaign, envelopes)
-        valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
-        if randomiser.multi_message:
-            await self._check_devices(campaign, randomiser, batch.batch_id, valid)
+        if self._expired(campaign, self._clock()):
+            # Past retention its ids may be gone: nothing can be deduplicated, so nothing counts.
+            await self.store.retire_campaign(campaign.id)
+            valid: list[tuple[bytes, bytes]] = []
+            rejected = {CAMPAIGN_CLOSED: len(envelopes)}
+        else:
+            with self.metrics.decrypt_seconds.time(), self.metrics.span("aggregator.decrypt"):
+                opened = await self._open(campaign, envelopes)
+            valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
+            if randomiser.multi_message:
+                await self._check_devices(campaign, randomiser, batch.batch_id, valid)
         try:
             with self.metrics.commit_seconds.time(), self.metrics.span("aggregator.commit"):
                 outcome = await self.store.ingest(

@@ -80,6 +80,11 @@ class AggregatorMetrics(ServiceMetrics):
             "Decrypt worker pools replaced after a worker died (the batch in flight was retried).",
             registry=self.registry,
         )
+        self.report_ids_forgotten = Counter(
+            "deniable_aggregator_report_ids_forgotten",
+            "Report ids garbage-collected after their campaign's retention ended.",
+            registry=self.registry,
+        )
         self.malformed = Counter(
             "deniable_aggregator_malformed_requests",
             "Requests refused with INVALID_ARGUMENT because their bytes were not valid protobuf.",

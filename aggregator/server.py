@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from deniable.aggregator.consume_nats import NatsConsumer
-from deniable.aggregator.handlers import AggregatorHandlers
+from deniable.aggregator.handlers import DEFAULT_RETENTION_MARGIN_S, AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool
@@ -27,6 +27,7 @@ from deniable.core.errors import ConfigurationError
 from deniable.core.health import HealthMonitor
 from deniable.core.jetstream import DEFAULT_ACK_WAIT_S
 from deniable.core.service import (
+    DEFAULT_MAX_CONCURRENT_RPCS,
     MAX_MESSAGE_BYTES,
     DataDirLock,
     Leftovers,
@@ -63,6 +64,8 @@ class AggregatorConfig:
     listen: str = "127.0.0.1:7700"
     decrypt_workers: int = 0
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
+    """RPCs served at once; more are shed with RESOURCE_EXHAUSTED (health calls included)."""
     metrics_port: int | None = None
     tracer_provider: Any = None
     """An opentelemetry TracerProvider (core/tracing.py): a root span per RPC; None: no tracing."""
@@ -77,6 +80,9 @@ class AggregatorConfig:
     key_drain_s: float = 86_400.0
     """A retired HPKE key is destroyed this long after the last campaign sealed to it closed."""
     key_sweep_interval_s: float = 3_600.0
+    """How often drained keys are destroyed and expired report ids garbage-collected."""
+    retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S
+    """Report ids are kept this long after a campaign's window ends, then forgotten."""
     nats: str | None = None
     """Also take batches from this NATS JetStream URL (core/jetstream.py), as one more worker."""
     nats_ack_wait_s: float = DEFAULT_ACK_WAIT_S
@@ -203,6 +209,7 @@ async def _serve(
         on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc(),
         record_request=metrics.observe_request,
         tracer_provider=config.tracer_provider,
+        max_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
     health_servicer = await add_health(
@@ -233,6 +240,8 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     """
     if not (config.key_drain_s >= 0 and config.key_sweep_interval_s > 0):
         raise ConfigurationError("key_drain_s must be >= 0 and key_sweep_interval_s > 0 (seconds)")
+    if not config.retention_margin_s >= 0:
+        raise ConfigurationError("retention_margin_s must be >= 0 (seconds)")
     check_transport(config.tls, config.insecure, "aggregator")
     credentials = None if config.tls is None else config.tls.credentials(require_client_cert=True)
     leftovers = Leftovers(config.data_dir)
@@ -251,7 +260,13 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         if executor is not None:
             await executor.warm_up()
         handlers = AggregatorHandlers(
-            store, keyring, metrics, executor, config.decrypt_workers, key_drain_s=config.key_drain_s
+            store,
+            keyring,
+            metrics,
+            executor,
+            config.decrypt_workers,
+            key_drain_s=config.key_drain_s,
+            retention_margin_s=config.retention_margin_s,
         )
         server, health_servicer, monitor, port = await _serve(config, store, handlers, metrics, credentials)
         metrics_port = None
@@ -329,16 +344,20 @@ async def _nats_consumer(config: AggregatorConfig, handlers: AggregatorHandlers)
 
 
 async def _sweep_keys(handlers: AggregatorHandlers, interval_s: float) -> None:
-    """Destroy drained retired keys every ``interval_s`` seconds (errors are logged, never fatal)."""
+    """Every ``interval_s`` seconds destroy drained retired keys and forget expired report ids
+    (errors are logged, never fatal)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
             destroyed = await handlers.sweep_keys()
+            forgotten = await handlers.collect_garbage()
         except Exception:
-            log.exception("key sweep failed")
+            log.exception("key sweep or garbage collection failed")
             continue
         if destroyed:
             log.info("retired keys destroyed", extra={"key_ids": destroyed})
+        if forgotten:
+            log.info("report ids of expired campaigns forgotten", extra={"campaigns": forgotten})
 
 
 async def serve_aggregator(

@@ -27,6 +27,7 @@ CountCells = Callable[[Sequence[bytes]], npt.NDArray[np.int64]]
 DeviceCount = Callable[[Sequence[int], int], int]  # (count cells of a batch, messages) -> devices
 
 DUPLICATE_REPORT: Final = int(pb.DUPLICATE_REPORT)
+CAMPAIGN_CLOSED: Final = int(pb.CAMPAIGN_CLOSED)
 SCHEMA_VERSION: Final = 1
 PAGE_CACHE_KIB: Final = 64 * 1024
 
@@ -66,7 +67,7 @@ class IngestOutcome:
     rejected: dict[int, int] = field(default_factory=dict)
 
 
-DELETED_WITH_CAMPAIGN: Final = ("counts", "rejections", "batches", "seen_reports")
+DELETED_WITH_CAMPAIGN: Final = ("counts", "rejections", "batches", "seen_reports", "retired")
 """Tables keyed by a campaign's ``seq``: emptied of it when the campaign is deleted."""
 
 
@@ -135,6 +136,19 @@ class AggregatorStore(Protocol):
         """Counts (``cells`` long), n, smallest batch, rejections and batches of one campaign."""
         ...
 
+    async def retire_campaign(self, campaign_id: str) -> int:
+        """Forget the campaign's report ids (retention ended) and mark it retired, so every later
+        report of it is a CAMPAIGN_CLOSED rejection, never counted; idempotent; the ids removed."""
+        ...
+
+    async def report_id_count(self, campaign_id: str) -> int:
+        """How many report ids the store keeps for the campaign (dedupe state; 0 once retired)."""
+        ...
+
+    async def retired(self) -> set[str]:
+        """Ids of the retired campaigns."""
+        ...
+
     async def ping(self) -> None:
         """Return when the store answers a trivial query; raise (any error) while it cannot (health)."""
         ...
@@ -178,6 +192,9 @@ CREATE TABLE IF NOT EXISTS seen_reports (
     report_id BLOB NOT NULL,
     PRIMARY KEY (campaign, report_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS retired (
+    campaign INTEGER PRIMARY KEY REFERENCES campaigns(seq)
+);
 """
 
 
@@ -187,6 +204,17 @@ _INSERT_IDS_FROM_BLOB: Final = (
     " SELECT ?2, substr(?4, i * ?3 + 1, ?3) FROM n"
 )
 """Insert report ids packed in one blob; parameters: count, campaign, width of an id, blob."""
+
+
+def closed_split(
+    retired: bool, rejected: Mapping[int, int], valid_reports: Sequence[tuple[bytes, bytes]]
+) -> tuple[Mapping[int, int], Sequence[tuple[bytes, bytes]]]:
+    """For a retired campaign every valid report becomes a CAMPAIGN_CLOSED rejection."""
+    if not retired or not valid_reports:
+        return rejected, valid_reports
+    merged = dict(rejected)
+    merged[CAMPAIGN_CLOSED] = merged.get(CAMPAIGN_CLOSED, 0) + len(valid_reports)
+    return merged, ()
 
 
 class SqliteAggregatorStore:
@@ -332,11 +360,16 @@ class SqliteAggregatorStore:
                     raise BatchConflict(f"batch id {batch_id!r} was already used for a different batch")
                 return IngestOutcome(duplicate_batch=True)
 
+            closed_rejected, reports = closed_split(
+                db.execute("SELECT 1 FROM retired WHERE campaign = ?", (seq,)).fetchone() is not None,
+                rejected,
+                valid_reports,
+            )
             # Within-batch repeats: keep the first occurrence.
             unique: dict[bytes, bytes] = {}
-            for report_id, payload in valid_reports:
+            for report_id, payload in reports:
                 unique.setdefault(report_id, payload)
-            duplicates = len(valid_reports) - len(unique)
+            duplicates = len(reports) - len(unique)
 
             # Repeats of earlier batches. Usually there are none: insert every id and check that
             # each one was new; only if some were not, undo and find them through a temp table.
@@ -384,7 +417,7 @@ class SqliteAggregatorStore:
                     ((seq, int(cell), int(tally[cell])) for cell in np.flatnonzero(tally)),
                 )
 
-            all_rejected = {int(reason): int(count) for reason, count in rejected.items() if count}
+            all_rejected = {int(reason): int(count) for reason, count in closed_rejected.items() if count}
             if duplicates:
                 all_rejected[DUPLICATE_REPORT] = all_rejected.get(DUPLICATE_REPORT, 0) + duplicates
             db.executemany(
@@ -445,6 +478,35 @@ class SqliteAggregatorStore:
             )
 
         return await self._run(lambda: self._transaction(work, write=False))
+
+    async def retire_campaign(self, campaign_id: str) -> int:
+        """Forget the campaign's report ids and mark it retired (see ``AggregatorStore``)."""
+
+        def work(db: sqlite3.Connection) -> int:
+            seq = self._seq(db, campaign_id)
+            db.execute("INSERT OR IGNORE INTO retired (campaign) VALUES (?)", (seq,))
+            return db.execute("DELETE FROM seen_reports WHERE campaign = ?", (seq,)).rowcount
+
+        return await self._run(lambda: self._transaction(work, write=True))
+
+    async def report_id_count(self, campaign_id: str) -> int:
+        """How many report ids the store keeps for the campaign."""
+
+        def work(db: sqlite3.Connection) -> int:
+            seq = self._seq(db, campaign_id)
+            row = db.execute("SELECT count(*) FROM seen_reports WHERE campaign = ?", (seq,)).fetchone()
+            return int(row[0])
+
+        return await self._run(lambda: self._transaction(work, write=False))
+
+    async def retired(self) -> set[str]:
+        """Ids of the retired campaigns."""
+
+        def work() -> set[str]:
+            rows = self._db.execute("SELECT c.id FROM retired r JOIN campaigns c ON c.seq = r.campaign")
+            return {str(r[0]) for r in rows}
+
+        return await self._run(work)
 
     async def ping(self) -> None:
         """One trivial read on the store's thread."""

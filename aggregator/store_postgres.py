@@ -44,6 +44,7 @@ from deniable.aggregator.store import (
     IngestOutcome,
     StoreError,
     UnknownCampaign,
+    closed_split,
 )
 from deniable.core.errors import ConfigurationError
 from deniable.v1 import deniable_pb2 as pb
@@ -93,6 +94,9 @@ CREATE TABLE IF NOT EXISTS seen_reports (
     campaign BIGINT NOT NULL,
     report_id BYTEA NOT NULL,
     PRIMARY KEY (campaign, report_id)
+);
+CREATE TABLE IF NOT EXISTS retired (
+    campaign BIGINT PRIMARY KEY REFERENCES campaigns(seq)
 );
 """
 """No foreign key on seen_reports (as in SQLite): one check per report id would cost more than it guards."""
@@ -277,13 +281,6 @@ class PostgresAggregatorStore:
     ) -> IngestOutcome:
         """Count one batch atomically and idempotently (see ``AggregatorStore.ingest``)."""
         pool = self._open_pool()
-        # Within-batch repeats: keep the first occurrence.
-        unique: dict[bytes, bytes] = {}
-        for report_id, payload in valid_reports:
-            unique.setdefault(report_id, payload)
-        duplicates = len(valid_reports) - len(unique)
-        ids = sorted(unique)  # index order: inserts walk the B-tree once
-
         async with pool.acquire() as db, db.transaction(isolation="read_committed"):
             seq = await db.fetchval("SELECT seq FROM campaigns WHERE id = $1 FOR NO KEY UPDATE", campaign_id)
             if seq is None:
@@ -293,6 +290,15 @@ class PostgresAggregatorStore:
                 if int(seen[0]) != seq or bytes(seen[1]) != digest:
                     raise BatchConflict(f"batch id {batch_id!r} was already used for a different batch")
                 return IngestOutcome(duplicate_batch=True)
+
+            is_retired = await db.fetchval("SELECT 1 FROM retired WHERE campaign = $1", seq) is not None
+            rejected, reports = closed_split(is_retired, rejected, valid_reports)
+            # Within-batch repeats: keep the first occurrence.
+            unique: dict[bytes, bytes] = {}
+            for report_id, payload in reports:
+                unique.setdefault(report_id, payload)
+            duplicates = len(reports) - len(unique)
+            ids = sorted(unique)  # index order: inserts walk the B-tree once
 
             if ids:
                 known = await db.fetch(_INSERT_REPORT_IDS, seq, ids)
@@ -355,6 +361,31 @@ class PostgresAggregatorStore:
             rejected={int(r): int(k) for r, k in zip(row["reasons"], row["reason_counts"], strict=True)},
             batches=int(row["batches"]),
         )
+
+    async def retire_campaign(self, campaign_id: str) -> int:
+        """Forget the campaign's report ids and mark it retired (see ``AggregatorStore``)."""
+        async with self._open_pool().acquire() as db, db.transaction():
+            seq = await db.fetchval("SELECT seq FROM campaigns WHERE id = $1 FOR NO KEY UPDATE", campaign_id)
+            if seq is None:
+                raise UnknownCampaign(campaign_id)
+            await db.execute("INSERT INTO retired (campaign) VALUES ($1) ON CONFLICT DO NOTHING", seq)
+            status = await db.execute("DELETE FROM seen_reports WHERE campaign = $1", seq)
+        return int(status.split()[-1])
+
+    async def report_id_count(self, campaign_id: str) -> int:
+        """How many report ids the store keeps for the campaign."""
+        pool = self._open_pool()
+        seq = await pool.fetchval("SELECT seq FROM campaigns WHERE id = $1", campaign_id)
+        if seq is None:
+            raise UnknownCampaign(campaign_id)
+        return int(await pool.fetchval("SELECT count(*) FROM seen_reports WHERE campaign = $1", seq))
+
+    async def retired(self) -> set[str]:
+        """Ids of the retired campaigns."""
+        rows = await self._open_pool().fetch(
+            "SELECT c.id FROM retired r JOIN campaigns c ON c.seq = r.campaign"
+        )
+        return {str(r[0]) for r in rows}
 
     async def ping(self) -> None:
         """``SELECT 1`` on a pooled connection (raises while the server is down)."""

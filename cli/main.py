@@ -176,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="destroy a retired HPKE key this long after its last campaign closed (default one day)",
     )
     agg_serve.add_argument(
+        "--retention-margin",
+        type=float,
+        default=7 * 86_400.0,
+        metavar="SECONDS",
+        help="keep report ids this long after a campaign's window ends, then forget them; later"
+        " reports of it are rejected as CAMPAIGN_CLOSED (default 7 days)",
+    )
+    agg_serve.add_argument(
         "--nats",
         default=None,
         metavar="URL",
@@ -654,6 +662,7 @@ def _run(args: argparse.Namespace) -> int:
                     tls=server_tls(args),
                     insecure=args.insecure,
                     key_drain_s=args.key_drain_s,
+                    retention_margin_s=args.retention_margin,
                     nats=args.nats,
                     nats_ack_wait_s=args.nats_ack_wait,
                     config_source=_source(args),

@@ -41,6 +41,7 @@ def new_server(
     on_malformed: Callable[[str], None] | None = None,
     record_request: Callable[[str, str, float], None] | None = None,
     tracer_provider: Any = None,
+    max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS,
 ) -> grpc.aio.Server:
     """A grpc.aio server with explicit size limits (larger requests get RESOURCE_EXHAUSTED), one
     port per server (SO_REUSEPORT off), bounded concurrency, malformed requests INVALID_ARGUMENT;
@@ -62,7 +63,7 @@ def new_server(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ],
-        maximum_concurrent_rpcs=DEFAULT_MAX_CONCURRENT_RPCS,
+        maximum_concurrent_rpcs=max_concurrent_rpcs,  # beyond it: RESOURCE_EXHAUSTED at once
     )
 
 

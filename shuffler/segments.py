@@ -70,6 +70,10 @@ CREATE TABLE IF NOT EXISTS campaigns (
 Bytes = npt.NDArray[np.uint8]
 
 
+class CorruptSegment(ValueError):
+    """A stored segment whose blobs do not describe whole reports (damaged spool file)."""
+
+
 @dataclass
 class Columns:
     """Reports of one campaign as columns: key ids, lengths, and the ciphertexts back to back.
@@ -104,12 +108,17 @@ class Columns:
 
     @classmethod
     def load(cls, key_ids: bytes, lengths: bytes, data: bytes) -> Columns:
-        """Columns over the three stored blobs (no copy)."""
-        return cls(
+        """Columns over the three stored blobs (no copy); CorruptSegment if they do not fit together."""
+        if len(key_ids) % 4 or len(lengths) != len(key_ids):
+            raise CorruptSegment(f"segment has {len(key_ids)} bytes of key ids and {len(lengths)} of lengths")
+        columns = cls(
             np.frombuffer(key_ids, dtype=U32),
             np.frombuffer(lengths, dtype=U32),
             np.frombuffer(data, dtype=np.uint8),
         )
+        if int(columns.lengths.sum(dtype=np.int64)) != len(data):
+            raise CorruptSegment(f"segment lengths add up to more or less than its {len(data)} bytes")
+        return columns
 
     def width(self) -> int | None:
         """The common ciphertext length, or None if lengths differ (or there are no reports)."""
@@ -122,10 +131,10 @@ class Columns:
         """Each ciphertext as bytes."""
         width = self.width()
         data = self.data.tobytes()
-        if width is not None:
+        if width:  # equal, non-empty ciphertexts: fixed slices
             return [data[i : i + width] for i in range(0, width * self.count, width)]
         ends = np.cumsum(self.lengths, dtype=np.int64).tolist()
-        starts = [0, *ends[:-1]]
+        starts = [0, *ends][:-1]  # no reports: no starts
         return [data[s:e] for s, e in zip(starts, ends, strict=True)]
 
     def envelopes(self, campaign_id: str) -> tuple[Envelope, ...]:

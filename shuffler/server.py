@@ -69,6 +69,8 @@ class ShufflerConfig:
     max_batch_reports: int = 50_000
     max_reports_per_request: int = 10_000
     max_message_bytes: int = service.MAX_MESSAGE_BYTES
+    max_concurrent_rpcs: int = service.DEFAULT_MAX_CONCURRENT_RPCS
+    """RPCs served at once; more are shed with RESOURCE_EXHAUSTED (health calls included)."""
     metrics_port: int | None = None
     tracer_provider: Any = None
     """An opentelemetry TracerProvider (core/tracing.py): a root span per RPC; None: no tracing."""
@@ -236,6 +238,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
         record_request=metrics.observe_request,
         tracer_provider=config.tracer_provider,
+        max_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     monitor: HealthMonitor | None = None
     try:

@@ -341,3 +341,36 @@ async def test_delete_campaign_removes_it_and_everything_counted(store: Aggregat
     assert (again.counted, again.duplicate_batch) == (3, False)
     fresh = await store.snapshot("c1", CELLS)
     assert (fresh.n, fresh.rejected, fresh.batches) == (3, {}, 1)
+
+
+CLOSED = int(pb.CAMPAIGN_CLOSED)
+
+
+async def test_retiring_forgets_ids_and_refuses_replays(open_store: StoreOpener) -> None:
+    """Retention: after GC the ids are gone (the store shrinks) and a replay is CAMPAIGN_CLOSED, never
+    counted, even after a reopen. Without the retired mark the replay would count (ids are gone)."""
+    store = await open_store()
+    await store.create_campaign(campaign("c1"))
+    await store.create_campaign(campaign("c2"))
+    first = reports([0, 1, 2, 2])
+    await ingest(store, "b1", first)
+    await ingest(store, "b2", reports([1]), campaign_id="c2")
+    assert await store.report_id_count("c1") == 4
+    before = await store.snapshot("c1", CELLS)
+
+    assert await store.retire_campaign("c1") == 4
+    assert await store.retire_campaign("c1") == 0  # idempotent
+    assert await store.report_id_count("c1") == 0
+    assert await store.report_id_count("c2") == 1  # other campaigns keep theirs
+    assert await store.retired() == {"c1"}
+
+    await store.close()
+    store = await open_store()
+    outcome = await ingest(store, "b3", first + reports([0]), rejected={UNDECRYPTABLE: 1})
+    assert (outcome.counted, outcome.rejected) == (0, {CLOSED: 5, UNDECRYPTABLE: 1})
+    after = await store.snapshot("c1", CELLS)
+    assert (after.counts, after.n) == (before.counts, before.n)
+    assert after.rejected == {CLOSED: 5, UNDECRYPTABLE: 1}
+    assert await store.report_id_count("c1") == 0
+    with pytest.raises(UnknownCampaign):
+        await store.retire_campaign("missing")
