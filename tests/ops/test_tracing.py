@@ -161,6 +161,14 @@ def test_no_endpoint_and_no_console_is_no_provider() -> None:
     assert tracing.tracer_provider("aggregator") is None
 
 
+def test_an_endpoint_builds_a_named_provider_without_touching_the_network() -> None:
+    """The exporter connects lazily; the resource names the service (what a collector groups by)."""
+    provider = tracing.tracer_provider("shuffler", endpoint="http://127.0.0.1:9")
+    assert isinstance(provider, TracerProvider)
+    assert provider.resource.attributes["service.name"] == "deniable-shuffler"
+    provider.shutdown()
+
+
 def test_cli_options_follow_the_config_precedence(tmp_path: Path) -> None:
     """DENIABLE_OTEL_ENDPOINT and the file key otel_endpoint feed --otel-endpoint; the flag wins."""
     from deniable.cli import config
