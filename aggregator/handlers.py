@@ -706,13 +706,13 @@ class AggregatorHandlers:
             valid: list[tuple[bytes, bytes]] = []
             rejected = {CAMPAIGN_CLOSED: len(envelopes)}
         else:
-            with self.metrics.decrypt_seconds.time():
+            with self.metrics.decrypt_seconds.time(), self.metrics.span("aggregator.decrypt"):
                 opened = await self._open(campaign, envelopes)
             valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
             if randomiser.multi_message:
                 await self._check_devices(campaign, randomiser, batch.batch_id, valid)
         try:
-            with self.metrics.commit_seconds.time():
+            with self.metrics.commit_seconds.time(), self.metrics.span("aggregator.commit"):
                 outcome = await self.store.ingest(
                     batch_id=batch.batch_id,
                     campaign_id=campaign.id,
