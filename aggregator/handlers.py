@@ -309,6 +309,13 @@ def manipulation_budget(
     """How far m fake well-formed reports could move each estimate (m given, or by the documented rule)."""
     m = fake_reports or manipulation.default_fake_reports(n)
     rule = manipulation.OPERATOR_RULE if fake_reports else manipulation.DEFAULT_RULE
+    if randomiser.manipulation_unbounded:
+        return pb.ManipulationBudget(
+            fake_reports=m, rule=rule, computed=False, note=randomiser.manipulation_unbounded
+        )
+    state = manipulation.threshold_shift(randomiser, counts, n, m)
+    if state is not None:
+        return _stated_budget(m, rule, state[0], state[1], manipulation.THRESHOLD_NOTE)
     shift = manipulation.report_shift(randomiser, counts, n)
     if shift is None:
         return pb.ManipulationBudget(
@@ -318,14 +325,23 @@ def manipulation_budget(
             note="not derived for this mechanism or domain size (docs/queries.md)",
         )
     up, down = shift.for_reports(m)
+    total = manipulation.ReportShift(raise_per_report=up, lower_per_report=down)
+    return _stated_budget(m, rule, total, shift, "")
+
+
+def _stated_budget(
+    m: int, rule: str, total: manipulation.ReportShift, single: manipulation.ReportShift, note: str
+) -> pb.ManipulationBudget:
+    """The budget message: shifts for all m fakes and for one."""
     return pb.ManipulationBudget(
         fake_reports=m,
         rule=rule,
-        max_raise=up.tolist(),
-        max_lower=down.tolist(),
-        raise_per_report=shift.raise_per_report.tolist(),
-        lower_per_report=shift.lower_per_report.tolist(),
+        max_raise=total.raise_per_report.tolist(),
+        max_lower=total.lower_per_report.tolist(),
+        raise_per_report=single.raise_per_report.tolist(),
+        lower_per_report=single.lower_per_report.tolist(),
         computed=True,
+        note=note,
     )
 
 
@@ -690,13 +706,13 @@ class AggregatorHandlers:
             valid: list[tuple[bytes, bytes]] = []
             rejected = {CAMPAIGN_CLOSED: len(envelopes)}
         else:
-            with self.metrics.decrypt_seconds.time():
+            with self.metrics.decrypt_seconds.time(), self.metrics.span("aggregator.decrypt"):
                 opened = await self._open(campaign, envelopes)
             valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
             if randomiser.multi_message:
                 await self._check_devices(campaign, randomiser, batch.batch_id, valid)
         try:
-            with self.metrics.commit_seconds.time():
+            with self.metrics.commit_seconds.time(), self.metrics.span("aggregator.commit"):
                 outcome = await self.store.ingest(
                     batch_id=batch.batch_id,
                     campaign_id=campaign.id,

@@ -21,7 +21,7 @@ from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool
 from deniable.aggregator.servicer import AggregatorServicer
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
-from deniable.core import jetstream
+from deniable.core import jetstream, tracing
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import HealthMonitor
@@ -67,6 +67,8 @@ class AggregatorConfig:
     max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
     """RPCs served at once; more are shed with RESOURCE_EXHAUSTED (health calls included)."""
     metrics_port: int | None = None
+    tracer_provider: Any = None
+    """An opentelemetry TracerProvider (core/tracing.py): a root span per RPC; None: no tracing."""
     store: str | None = None
     """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
     tls: ServerTls | None = None
@@ -206,6 +208,7 @@ async def _serve(
         interceptors=[guard],
         on_malformed=lambda rpc: metrics.malformed.labels(rpc).inc(),
         record_request=metrics.observe_request,
+        tracer_provider=config.tracer_provider,
         max_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(handlers), server)
@@ -247,6 +250,7 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
     executor: DecryptPool | None = None
     server: grpc.aio.Server | None = None
     metrics = AggregatorMetrics()
+    metrics.tracer_provider = config.tracer_provider
     try:
         _prepare_data_dir(config.data_dir)
         lock = DataDirLock(config.data_dir)
@@ -367,3 +371,4 @@ async def serve_aggregator(
         await run_until_signalled(running.stop)
     finally:
         await running.stop()
+        tracing.shutdown(config.tracer_provider)  # flush the last spans

@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="decryption processes (default: one per core; 0: no pool, a thread)",
     )
     agg_serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_tracing_options(agg_serve)
     _add_server_tls_options(agg_serve)
     agg_serve.add_argument(
         "--key-drain-s",
@@ -252,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         " $DENIABLE_SPOOL_STORE, else the file $DENIABLE_SPOOL_STORE_FILE",
     )
     shuf_serve.add_argument("--metrics-port", type=int, default=None)
+    _add_tracing_options(shuf_serve)
     _add_server_tls_options(shuf_serve)
     shuf_serve.add_argument(
         "--operator-listen",
@@ -439,6 +441,28 @@ def _add_client_tls_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", type=Path, default=None, help="client (operator) certificate (PEM)")
     parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
     parser.add_argument("--insecure", action="store_true", help="plaintext, to a service run with --insecure")
+
+
+def _add_tracing_options(serve: argparse.ArgumentParser) -> None:
+    """``--otel-endpoint`` / ``--otel-console``: OpenTelemetry spans of the gRPC calls (the [otel] extra)."""
+    serve.add_argument(
+        "--otel-endpoint",
+        default=None,
+        metavar="URL",
+        help="export OpenTelemetry spans of the gRPC calls to this OTLP/gRPC collector (the otel extra)",
+    )
+    serve.add_argument(
+        "--otel-console", action="store_true", help="print OpenTelemetry spans on stdout (debugging)"
+    )
+
+
+def _tracer_provider(service: str, args: argparse.Namespace) -> Any:
+    """The service's TracerProvider if tracing was asked for, else None (OpenTelemetry stays unimported)."""
+    if args.otel_endpoint is None and not args.otel_console:
+        return None
+    from deniable.core.tracing import tracer_provider
+
+    return tracer_provider(service, args.otel_endpoint, args.otel_console)
 
 
 def server_tls(args: argparse.Namespace) -> ServerTls | None:
@@ -632,6 +656,7 @@ def _run(args: argparse.Namespace) -> int:
                         default_decrypt_workers() if args.decrypt_workers is None else args.decrypt_workers
                     ),
                     metrics_port=args.metrics_port,
+                    tracer_provider=_tracer_provider("aggregator", args),
                     store=store_dsn(args.store, args.store_file),
                     key_group=args.key_group,
                     tls=server_tls(args),
@@ -657,6 +682,7 @@ def _run(args: argparse.Namespace) -> int:
                     spool_store=spool_store_dsn(args.spool_store, args.spool_store_file),
                     forward_nats=args.forward_nats,
                     metrics_port=args.metrics_port,
+                    tracer_provider=_tracer_provider("shuffler", args),
                     mqtt=_mqtt_ingress(args),
                     tls=server_tls(args),
                     insecure=args.insecure,

@@ -142,11 +142,12 @@ def manipulation_line(answer: pb.QueryResponse) -> str:
     budget = answer.manipulation
     m = int(budget.fake_reports)
     if not budget.computed:
-        return f"manipulation: {m} fake reports: bound {budget.note or 'not derived'}"
+        return f"manipulation: {m} fake reports: {budget.note or 'bound not derived'}"
     up, down = max(budget.max_raise, default=0.0), max(budget.max_lower, default=0.0)
+    caveat = f"; {budget.note.split(';')[0]}" if budget.note else ""
     return (
         f"manipulation: {m} fake well-formed reports ({budget.rule.split(' (')[0]}) could raise an"
-        f" estimate by up to {up:.1f} or lower it by up to {down:.1f} (per bucket in --json)"
+        f" estimate by up to {up:.1f} or lower it by up to {down:.1f} (per bucket in --json){caveat}"
     )
 
 

@@ -7,6 +7,7 @@ without clashing metric names. Labels carry reasons, RPC names and codes, never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import time
@@ -122,6 +123,17 @@ class ServiceMetrics:
         )
         self._http: WSGIServer | None = None
         self._http_thread: threading.Thread | None = None
+        self.tracer_provider: Any = None
+        """An opentelemetry TracerProvider when tracing is on (core/tracing.py), for ``span``."""
+
+    def span(self, name: str, root: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """An INTERNAL span ``name`` around a step (child of the current RPC span, or a new root);
+        nothing when tracing is off."""
+        if self.tracer_provider is None:
+            return contextlib.nullcontext()
+        from deniable.core.tracing import internal_span
+
+        return internal_span(self.tracer_provider, name, root)
 
     def preinitialise(self, rpcs: Iterable[str]) -> None:
         """Create the request series of every RPC and known code at zero (dashboards see them)."""
@@ -196,7 +208,7 @@ class RequestMetricsInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
     def _finish(self, rpc: str, context: Any, started: float, error: BaseException | None) -> None:
-        self._record(rpc, _code_name(context, error), time.perf_counter() - started)
+        self._record(rpc, code_name(context, error), time.perf_counter() - started)
 
     def _unary(self, behaviour: Any, rpc: str) -> Any:
         async def timed(request: Any, context: Any) -> Any:
@@ -236,7 +248,7 @@ class RequestMetricsInterceptor(grpc.aio.ServerInterceptor):
         return timed
 
 
-def _code_name(context: Any, error: BaseException | None) -> str:
+def code_name(context: Any, error: BaseException | None) -> str:
     """The status the call ends with: what the handler set or aborted with, else OK / CANCELLED / UNKNOWN."""
     code = context.code()
     if isinstance(code, grpc.StatusCode):

@@ -40,12 +40,18 @@ def new_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     on_malformed: Callable[[str], None] | None = None,
     record_request: Callable[[str, str, float], None] | None = None,
+    tracer_provider: Any = None,
     max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS,
 ) -> grpc.aio.Server:
     """A grpc.aio server with explicit size limits (larger requests get RESOURCE_EXHAUSTED), one
     port per server (SO_REUSEPORT off), bounded concurrency, malformed requests INVALID_ARGUMENT;
-    ``record_request(rpc, code, seconds)`` sees every call, refused ones included."""
+    ``record_request(rpc, code, seconds)`` sees every call, refused ones included; so does a
+    root span per call if ``tracer_provider`` is given (core/tracing.py)."""
     outer: list[grpc.aio.ServerInterceptor] = []
+    if tracer_provider is not None:
+        from deniable.core.tracing import TracingInterceptor
+
+        outer.append(TracingInterceptor(tracer_provider))
     if record_request is not None:
         from deniable.core.metrics import RequestMetricsInterceptor
 

@@ -231,14 +231,14 @@ class Forwarder:
             if wire is None:
                 return None, None
             size = wire[1]
-            with self._metrics.forward_seconds.time():
+            with self._metrics.forward_seconds.time(), self._metrics.span("shuffler.forward", root=True):
                 code = await self._send_wire(batch_id, wire[0])
         else:
             record = await asyncio.to_thread(self._store.load_batch, batch_id)
             if record is None:
                 return None, None
             size = len(record.reports)
-            with self._metrics.forward_seconds.time():
+            with self._metrics.forward_seconds.time(), self._metrics.span("shuffler.forward", root=True):
                 code = await self._send(record)
         if code is None:
             await asyncio.to_thread(self._store.delete_batch, batch_id)

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from deniable.core import jetstream, service
+from deniable.core import jetstream, service, tracing
 from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import Check, HealthMonitor
@@ -72,6 +72,8 @@ class ShufflerConfig:
     max_concurrent_rpcs: int = service.DEFAULT_MAX_CONCURRENT_RPCS
     """RPCs served at once; more are shed with RESOURCE_EXHAUSTED (health calls included)."""
     metrics_port: int | None = None
+    tracer_provider: Any = None
+    """An opentelemetry TracerProvider (core/tracing.py): a root span per RPC; None: no tracing."""
     upstream_deadline_s: float = 2.0
     forward_deadline_s: float = 30.0
     retry_base_s: float = 0.5
@@ -226,6 +228,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         leftovers.remove()
         raise
     metrics = ShufflerMetrics()
+    metrics.tracer_provider = config.tracer_provider
     nats_client: Any = None
     channel = open_channel(config.upstream, upstream_tls, insecure=config.insecure)
     guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
@@ -234,6 +237,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         interceptors=[guard, RawSubmitInterceptor()],
         on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
         record_request=metrics.observe_request,
+        tracer_provider=config.tracer_provider,
         max_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     monitor: HealthMonitor | None = None
@@ -360,4 +364,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
 async def serve_shuffler(config: ShufflerConfig) -> None:
     """Run a shuffler until SIGTERM or SIGINT, then stop it gracefully."""
     running = await start_shuffler(config)
-    await service.run_until_signalled(running.stop)
+    try:
+        await service.run_until_signalled(running.stop)
+    finally:
+        tracing.shutdown(config.tracer_provider)  # flush the last spans

@@ -216,6 +216,20 @@ class BalcerCheuHistogram(LocalRandomiser):
         var = x * x * t0 * above + 2 * x * t1 * above + t2 - t1 * t1
         return np.asarray(np.clip(var, 0.0, None), dtype=np.float64)
 
+    def manipulation_at(self, counts: Sequence[int], n: int, fakes: int) -> tuple[FloatArray, FloatArray]:
+        """m fake devices send at most M = m (d + 2) messages, each sealed apart, so any mix of valid
+        values. x_j = c_j - p n if c_j > n else 0 grows with c_j and falls with n: raise with all M
+        on bucket j, lower with all M presence messages (exact at these counts, not linear in m)."""
+        raw = np.asarray(counts[: self.domain_size], dtype=np.float64)
+        most = fakes * self.max_messages_per_device
+        send = float(self.send)
+
+        def analyser(c: FloatArray, devices: int) -> FloatArray:
+            return np.asarray(np.where(c > devices, c - send * devices, 0.0), dtype=np.float64)
+
+        now = analyser(raw, n)
+        return analyser(raw + most, n) - now, now - analyser(raw, n + most)
+
     def suppressed_upper(self, n: int, confidence: float) -> int:
         """Smallest u with P[N' >= u] <= (1 - confidence)/2: truths above it are rarely zeroed."""
         lo, _, _, _, upper = _skip_count_sums(int(n), float(self.skip))

@@ -171,6 +171,21 @@ class LocalRandomiser(ABC):
         ``core.mechanisms.manipulation``), or None where the set is too large to enumerate."""
         return None
 
+    def manipulation_per_report(self) -> tuple[FloatArray, FloatArray] | None:
+        """Closed-form per-bucket (raise, lower) one fake well-formed report causes, for estimators
+        affine in (counts, n); None: not derived in closed form (``manipulation`` enumerates)."""
+        return None
+
+    def manipulation_at(
+        self, counts: Sequence[int], n: int, fakes: int
+    ) -> tuple[FloatArray, FloatArray] | None:
+        """Exact per-bucket (raise, lower) ``fakes`` fake devices cause at these counts, for
+        threshold estimators whose shift depends on the counts; None: not such an estimator."""
+        return None
+
+    manipulation_unbounded: ClassVar[str] = ""
+    """Non-empty: why fake devices can move the estimates arbitrarily (stated instead of a bound)."""
+
     @abstractmethod
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:
         """Exact probability of every payload the randomiser can emit for ``value``."""
@@ -241,6 +256,12 @@ def big_endian(matrix: IntArray, start: int, stop: int) -> IntArray:
     for column in range(start, stop):
         values = values * 256 + matrix[:, column]
     return values
+
+
+def support_shift(size: int, support: float, gap: float) -> tuple[FloatArray, FloatArray]:
+    """(raise, lower) per bucket of est_v = (C_v - n q) / gap when one report adds 0 or 1 to C_v
+    (either attainable) and 1 to n: raise (1 - q) / gap, lower q / gap."""
+    return np.full(size, (1 - support) / gap), np.full(size, support / gap)
 
 
 def normal_estimates(

@@ -23,6 +23,7 @@ from deniable.core.mechanisms.base import (
     big_endian,
     normal_estimates,
     payload_matrix,
+    support_shift,
 )
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
@@ -81,6 +82,12 @@ class DirectEncoding(LocalRandomiser):
             self._pack(v): self.keep_probability if v == value else self.other_probability
             for v in range(self.domain_size)
         }
+
+    def manipulation_per_report(self) -> tuple[FloatArray, FloatArray]:
+        """est_v = (c_v - n q) / (p - q); a fake adds 1 to n and to one c_u (u = v or not, d >= 2):
+        raise (1 - q)/(p - q), lower q/(p - q)."""
+        p, q = float(self.keep_probability), float(self.other_probability)
+        return support_shift(self.domain_size, q, p - q)
 
     def tally(self, payloads: Sequence[bytes]) -> Tally:
         matrix, lengths_ok = payload_matrix(payloads, self.payload_length)

@@ -25,6 +25,7 @@ from deniable.core.mechanisms.base import (
     big_endian,
     normal_estimates,
     payload_matrix,
+    support_shift,
 )
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
@@ -171,6 +172,11 @@ class HadamardResponse(LocalRandomiser):
             raise ValueError(f"expected {self.order} counts, got {cells.shape}")
         transformed = walsh_hadamard(cells)
         return (int(cells.sum()) + transformed[1 : self.domain_size + 1]) // 2
+
+    def manipulation_per_report(self) -> tuple[FloatArray, FloatArray]:
+        """est_v = (2 S_v - n) / gap; a fake index lies in C_v (index 0 always) or not: 1/gap either way."""
+        gap = 2 * float(self.inside_probability) - 1
+        return support_shift(self.domain_size, 0.5, gap / 2)
 
     def estimate(self, counts: Sequence[int], n: int, confidence: float = 0.95) -> list[Estimate]:
         if len(counts) != self.order:

@@ -9,8 +9,11 @@ their shifts. Hence m fakes raise estimate j by at most m · max_t s_j(t) and lo
 m · max_t (−s_j(t)), over the payloads ``fake_payloads`` enumerates, and both are attained by m
 copies of the maximising payload (docs/queries.md gives the proof; tests check it exactly).
 
-A and B are read off the mechanism's own ``estimate`` by finite differences at the current
-counts (exact for an affine map, up to floating-point rounding).
+Each affine mechanism states max_t s_j(t) in closed form (``manipulation_per_report``); where it
+does not, A and B are read off its own ``estimate`` by finite differences at the current counts
+(exact for an affine map, up to floating-point rounding) and t runs over ``fake_payloads``.
+Threshold estimators (sample and threshold, Balcer-Cheu) are not affine: ``manipulation_at`` gives
+their exact shift at the current counts. Split-and-mix sums have no bound (``manipulation_unbounded``).
 """
 
 from __future__ import annotations
@@ -86,8 +89,11 @@ def _key(randomiser: LocalRandomiser) -> tuple[object, ...]:
 
 
 def report_shift(randomiser: LocalRandomiser, counts: Sequence[int], n: int) -> ReportShift | None:
-    """The per-report bound, or None where it is not derived (multi-message protocols, payload
-    sets too large to enumerate, more than MAX_BUCKETS buckets)."""
+    """The per-report bound: the mechanism's closed form, else enumeration (None where neither
+    applies: multi-message protocols, payload sets too large to enumerate, > MAX_BUCKETS buckets)."""
+    closed = randomiser.manipulation_per_report()
+    if closed is not None:
+        return ReportShift(raise_per_report=closed[0], lower_per_report=closed[1])
     if randomiser.multi_message or randomiser.domain_size > MAX_BUCKETS:
         return None
     tallies = _tallies_for(randomiser)
@@ -109,3 +115,20 @@ def report_shift(randomiser: LocalRandomiser, counts: Sequence[int], n: int) -> 
         raise_per_report=np.maximum(shifts.max(axis=0), 0.0),
         lower_per_report=np.maximum(-shifts.min(axis=0), 0.0),
     )
+
+
+THRESHOLD_NOTE: Final = (
+    "threshold estimator: the shift depends on the counts and is not linear in m; exact at these"
+    " counts (per report: m = 1; a fake device sends at most the protocol's most messages per device)"
+)
+
+
+def threshold_shift(
+    randomiser: LocalRandomiser, counts: Sequence[int], n: int, m: int
+) -> tuple[ReportShift, ReportShift] | None:
+    """(for m fakes, for one fake) at these counts, for threshold estimators; None for the others."""
+    total = randomiser.manipulation_at(counts, n, m)
+    single = randomiser.manipulation_at(counts, n, 1)
+    if total is None or single is None:
+        return None
+    return ReportShift(*total), ReportShift(*single)

@@ -80,6 +80,10 @@ class MultiMessageHistogram(LocalRandomiser):
     summary = (
         "multi-message histogram: per bucket indicator + Polya noise in m shares mod q; near-central error"
     )
+    manipulation_unbounded = (
+        "unbounded: one fake device can set every bucket's sum to any value mod q (split-and-mix shares"
+        " are arbitrary residues, not range-checked), i.e. anywhere in [n/2 - q/2, n/2 + q/2)"
+    )
     multi_message = True
     local_privacy = False
 

@@ -90,6 +90,10 @@ class SplitAndMixSum(LocalRandomiser):
     multi_message = True
     local_privacy = False
     polya_shares: ClassVar[bool] = False  # True: the noise shape is 1/expected_n
+    manipulation_unbounded = (
+        "unbounded: one fake device can set the sum to any value mod q (split-and-mix shares are"
+        " arbitrary residues, not range-checked), i.e. anywhere in the decoding window [n/2 - q/2, n/2 + q/2)"
+    )
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from deniable.core.mechanisms.base import (
     big_endian,
     normal_estimates,
     payload_matrix,
+    support_shift,
 )
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
@@ -465,6 +466,12 @@ class OptimisedLocalHashing(LocalRandomiser):
             hashed = self.family.hash_array(seeds[:, None], values[None, :])
             support += np.take_along_axis(table[seeds], hashed, axis=1).sum(axis=0)
         return support
+
+    def manipulation_per_report(self) -> tuple[FloatArray, FloatArray]:
+        """est_v = (C_v - n q) / (p - q), C_v the reports (s, y) with h_s(v) = y; a fake (s, y) supports
+        v or not at will (g >= 2): raise (1 - q)/(p - q), lower q/(p - q)."""
+        p, q = float(self.keep_probability), float(self.support_probability)
+        return support_shift(self.domain_size, q, p - q)
 
     def estimate(self, counts: Sequence[int], n: int, confidence: float = 0.95) -> list[Estimate]:
         if len(counts) != self.count_cells:

@@ -371,6 +371,16 @@ class SampleAndThreshold(LocalRandomiser):
         square = (x * s * (1 - s) + (x * s) ** 2 - second) / s**2
         return np.asarray(np.clip(square - mean**2, 0.0, None), dtype=np.float64)
 
+    def manipulation_at(self, counts: Sequence[int], n: int, fakes: int) -> tuple[FloatArray, FloatArray]:
+        """A fake adds 1 to one c_j (or the null cell); x_j = c_j/s if c_j > tau else 0 only grows with
+        c_j and ignores n: raise x(c_j + m) - x(c_j) (m copies of j), lower 0 (fakes never lower)."""
+        raw = np.asarray(counts[: self.domain_size], dtype=np.float64)
+
+        def released(c: FloatArray) -> FloatArray:
+            return np.asarray(np.where(c > self.threshold, c / self.sample_rate, 0.0), dtype=np.float64)
+
+        return released(raw + fakes) - released(raw), np.zeros(self.domain_size, dtype=np.float64)
+
     def suppressed_upper(self, confidence: float) -> int:
         """Largest x with P[Bin(x, s) <= tau] >= (1 - confidence) / 2: the top of a suppressed CI."""
         return _suppressed_upper(self.sample_rate, self.threshold, confidence)

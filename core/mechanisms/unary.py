@@ -38,6 +38,7 @@ from deniable.core.mechanisms.base import (
     LocalRandomiser,
     Tally,
     normal_estimates,
+    support_shift,
 )
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
 from deniable.core.rng import Csprng, default_rng
@@ -132,6 +133,11 @@ class BitmapOracle(LocalRandomiser):
         if self.domain_size > FAKE_ENUMERATION_MAX_DOMAIN:
             return None
         return sorted({p for v in range(self.domain_size) for p in self.output_distribution(v)})
+
+    def manipulation_per_report(self) -> tuple[FloatArray, FloatArray]:
+        """est_v = (c_v - n q*) / (p* - q*); a fake bitmap may set bit v or not (subset selection:
+        1 <= omega <= d - 1): raise (1 - q*)/(p* - q*), lower q*/(p* - q*)."""
+        return support_shift(self.domain_size, self._other, self._gap)
 
     def tally(self, payloads: Sequence[bytes]) -> Tally:
         width, d = self.payload_length, self.domain_size

@@ -52,12 +52,23 @@ async def test_the_budget_is_shown_in_text_and_json(handlers: AggregatorHandlers
     assert shown["buckets"][1]["max_raise"] == pytest.approx(2 * shown["buckets"][1]["max_raise_per_report"])
 
 
-async def test_mechanisms_without_a_derived_bound_say_so(handlers: AggregatorHandlers, kit: Kit) -> None:
+async def test_every_mechanism_states_a_bound_or_why_there_is_none(
+    handlers: AggregatorHandlers, kit: Kit
+) -> None:
+    """Changed by the budget branch: 300 buckets used to say "not derived"; now the closed form
+    answers, and a split-and-mix sum says it is unbounded (one fake device sets the sum mod q)."""
     labels = [f"l{i}" for i in range(300)]
     campaign = await handlers.create_campaign(kit.categorical_request("wide", labels, epsilon0=1.0))
     answer = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
-    assert not answer.manipulation.computed and answer.manipulation.note
-    assert "not derived" in manipulation_line(answer)
+    assert answer.manipulation.computed and len(answer.manipulation.max_raise) == 300
+    assert min(answer.manipulation.max_raise) > 0 and min(answer.manipulation.max_lower) > 0
+    params = {"expected_n": 500.0, "delta": 1e-6}
+    split = await handlers.create_campaign(
+        kit.binary_request("sum", mechanism=pb.MULTI_MESSAGE_SUM, params=params)
+    )
+    answer = await handlers.query(pb.QueryRequest(campaign_id=split.id), binary=True)
+    assert not answer.manipulation.computed and answer.manipulation.note.startswith("unbounded")
+    assert "unbounded" in manipulation_line(answer)
 
 
 async def test_an_operator_given_m_scales_the_budget_and_is_named(
@@ -75,3 +86,44 @@ async def test_an_operator_given_m_scales_the_budget_and_is_named(
     assert given.manipulation.max_raise[1] == pytest.approx(25 * default.manipulation.max_raise[1])
     with pytest.raises(InvalidRequest, match="fake_reports"):
         await handlers.query(pb.QueryRequest(campaign_id=campaign.id, fake_reports=2**60), binary=True)
+
+
+def _supporting_payload(campaign: pb.Campaign, target: int) -> bytes:
+    """A payload the randomiser emits that counts towards ``target`` (the one pushing it up most)."""
+    randomiser = randomiser_for(campaign)
+    for _ in range(200):  # P[a report of the target supports it] >= 1/2 for these mechanisms
+        payload = randomiser.randomise(target)
+        one = randomiser.tally([payload]).counts
+        support = randomiser.support_counts(one) if hasattr(randomiser, "support_counts") else one
+        if support[target]:
+            return payload
+    raise AssertionError("no supporting payload in 200 draws")  # probability < 2**-200
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "params"),
+    [(pb.OLH, {}), (pb.HADAMARD_RESPONSE, {}), (pb.SUBSET_SELECTION, {}), (pb.OUE, {})],
+)
+async def test_closed_form_budgets_hold_through_the_real_ingest_path(
+    handlers: AggregatorHandlers, kit: Kit, mechanism: int, params: dict[str, float]
+) -> None:
+    """Mechanisms that used to say "not derived" (20 buckets): m fakes move each estimate within
+    the stated budget and the target bucket by exactly its max_raise."""
+    labels = [f"l{i}" for i in range(20)]
+    request = kit.categorical_request("wide", labels, mechanism=mechanism, params=params)
+    campaign = await handlers.create_campaign(request)
+    honest = [kit.seal(campaign, i % 20).report for i in range(400)]
+    await handlers.ingest_batch(kit.batch_of(campaign.id, honest, "honest"))
+    before = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
+    budget = before.manipulation
+    assert budget.computed and budget.fake_reports == 4 and len(budget.max_raise) == 20
+    target = 3
+    payload = _supporting_payload(campaign, target)
+    fakes = [kit.seal(campaign, payload=payload).report for _ in range(budget.fake_reports)]
+    await handlers.ingest_batch(kit.batch_of(campaign.id, fakes, "fakes"))
+    after = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
+    for j, (old, new) in enumerate(zip(before.buckets, after.buckets, strict=True)):
+        moved = new.estimate - old.estimate
+        assert -budget.max_lower[j] - 1e-6 <= moved <= budget.max_raise[j] + 1e-6
+    moved_target = after.buckets[target].estimate - before.buckets[target].estimate
+    assert moved_target == pytest.approx(budget.max_raise[target], rel=1e-6)

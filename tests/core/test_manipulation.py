@@ -94,5 +94,8 @@ def test_binary_rr_matches_its_closed_form() -> None:
 
 def test_the_default_rule_and_where_no_bound_is_derived() -> None:
     assert [manipulation.default_fake_reports(n) for n in (0, 1, 100, 101, 10_000)] == [1, 1, 1, 2, 100]
+    # Changed by the budget branch: GRR beyond MAX_BUCKETS now has its closed form (it was None).
     big = _create("grr", manipulation.MAX_BUCKETS + 1, 1.0)
-    assert manipulation.report_shift(big, [0] * big.count_cells, 0) is None
+    assert manipulation.report_shift(big, [0] * big.count_cells, 0) is not None
+    split = mechanisms.create("multi_message_sum", epsilon0=1.0, domain_size=2, expected_n=1000)
+    assert manipulation.report_shift(split, [0] * split.count_cells, 0) is None

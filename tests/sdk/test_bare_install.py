@@ -18,7 +18,19 @@ from tests.sdk_services import Services, binary_campaign, counted, running_servi
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE = Path(__file__).with_name("device_script.py")
-FORBIDDEN = ("numpy", "scipy", "matplotlib", "asyncpg", "prometheus-client", "aiomqtt", "tqdm", "paho-mqtt")
+FORBIDDEN = (
+    "numpy",
+    "scipy",
+    "matplotlib",
+    "asyncpg",
+    "prometheus-client",
+    "aiomqtt",
+    "tqdm",
+    "paho-mqtt",
+    "opentelemetry-api",
+    "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp-proto-grpc",
+)
 
 
 async def _send(python: str, services: Services, tmp_path: Path, *extra: str) -> dict[str, object]:
