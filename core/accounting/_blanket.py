@@ -185,7 +185,7 @@ def _conditional_divergences(epsilon: float, keep: float, other: float, k: int, 
         first_term = (1 - e) * (u + a * tf / 2) * tail
         second_term = a * (1 + e) * (xc / 2) * at_x
         inner = np.maximum(first_term + second_term, 0.0)
-        weights = np.exp(log_pmf(ts, u, pair)) / u
+        weights = pmf_run(t_lo, ts.size, u_int, pair) / u
         total = float(np.dot(weights, inner))
         magnitude = float(np.dot(weights, np.abs(first_term) + second_term))
         total += float(np.dot(weights, (e - 1) * (u + a * tf / 2) * tail_error))
@@ -215,9 +215,8 @@ def _upper_tails(x: IntArray, ts: IntArray) -> tuple[FloatArray, FloatArray]:
         return np.asarray(direct, dtype=np.float64), _TAIL_ERROR * direct
     rows = -(-ts.size // _SEGMENT)
     inc = np.zeros(rows * _SEGMENT)
-    inc[: ts.size - 1] = 0.5 * np.exp(log_pmf(x[:-1] - 1, ts[:-1], 0.5)) - (steps == 1) * np.exp(
-        log_pmf(x[:-1], ts[:-1] + 1, 0.5)
-    )
+    below = np.exp(log_pmf(x[:-1] - 1, ts[:-1], 0.5))  # P[Bin(t) = x - 1]; P[Bin(t + 1) = x] is
+    inc[: ts.size - 1] = below * (0.5 - (steps == 1) * (ts[:-1] + 1) / (2.0 * x[:-1]))  # it (t+1)/(2x)
     firsts = np.arange(rows) * _SEGMENT
     anchors = bdtrc(x[firsts] - 1, ts[firsts], 0.5)
     grid = inc.reshape(rows, _SEGMENT)

@@ -17,7 +17,7 @@ def test_the_bound_carries_n_prime_when_the_winner_ran_below_n(monkeypatch: pyte
     assert best_bound(5.0, 500_000, 1e-6, "grr", 100).evaluated_n == 0
     clear_cache()
     _cached_full_blanket_epsilon.cache_clear()
-    monkeypatch.setattr(_blanket, "blocked_cells", lambda others, blanket, k: others)
+    monkeypatch.setattr(_blanket, "blocked_cells", lambda others, blanket, k: 4 * others)
     bound = best_bound(5.0, 500_000, 1e-6, "grr", 100)
     assert bound.analysis == GRRFullBlanket.name
     assert 0 < bound.evaluated_n < 500_000 and f"n'={bound.evaluated_n}" in bound.note

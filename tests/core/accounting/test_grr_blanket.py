@@ -302,3 +302,10 @@ def test_tails_along_t_are_within_their_stated_error_of_exact_rationals(
         t, xi = int(ts[i]), int(x[i])
         exact = Fraction(sum(math.comb(t, j) for j in range(xi, t + 1)), 2**t)
         assert abs(Fraction(float(tails[i])) - exact) <= Fraction(float(errors[i])) + Fraction(1, 10**300)
+
+
+@pytest.mark.parametrize("k", [3, 4, 8, 100, 4096])
+def test_every_grr_up_to_1e8_runs_at_n(k: int) -> None:
+    """The blocked budget covers n = 1e8 for every k and eps0 in 0.1-8 (cost only, no evaluation)."""
+    for eps0 in (0.1, 1.0, 8.0):
+        assert GRRFullBlanket(eps0, 10**8, k).evaluated_n == 10**8
