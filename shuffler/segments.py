@@ -265,14 +265,48 @@ def shuffled_batch_wire(batch_id: str, campaign_id: str, digest: bytes, columns:
     return bytes(wire)
 
 
+@dataclass(frozen=True)
+class ReleaseChunk:
+    """Where a chunk sits in its release (ADR 0023): one permutation cut into ``count`` chunks."""
+
+    release_id: str
+    index: int
+    count: int
+    messages: int
+
+    def wire(self) -> bytes:
+        """ShuffledBatch fields 9-12 (release id, chunk index, chunk count, release messages)."""
+        out = _field(9, self.release_id.encode("utf-8"))
+        for number, value in ((10, self.index), (11, self.count), (12, self.messages)):
+            out += _varint(number << 3) + _varint(value) if value else b""
+        return out
+
+
+def release_slices(
+    take: int, sizes: Sequence[int], permutation: Permutation
+) -> list[tuple[npt.NDArray[np.int64], ReleaseChunk | None]]:
+    """ONE permutation of ``take`` reports cut into consecutive chunks of ``sizes``, each with its
+    place in the release (None when the release is a single batch, the pre-release wire form)."""
+    order = checked_order(permutation(take), take)
+    release_id = new_batch_id() if len(sizes) > 1 else ""
+    out: list[tuple[npt.NDArray[np.int64], ReleaseChunk | None]] = []
+    start = 0
+    for index, size in enumerate(sizes):
+        chunk = ReleaseChunk(release_id, index, len(sizes), take) if release_id else None
+        out.append((order[start : start + size], chunk))
+        start += size
+    return out
+
+
 def batch_wire(
     batch_id: str,
     campaign_id: str,
     columns: Columns,
     order: npt.NDArray[np.int64],
     digest: bytes | None = None,
+    release: ReleaseChunk | None = None,
 ) -> tuple[bytearray, bytes]:
-    """(serialised ShuffledBatch, digest) of the reports ``columns[order]``.
+    """(serialised ShuffledBatch, digest) of the reports ``columns[order]``, with its release place.
 
     The permuted ciphertexts are copied once, straight into the message; the manifest digest is
     computed over them (``digest`` given: trusted and used as is). The digest field is written
@@ -280,6 +314,7 @@ def batch_wire(
     """
     campaign = campaign_id.encode("utf-8")
     head = _field(1, batch_id.encode("utf-8")) + _field(2, campaign)
+    head += release.wire() if release is not None else b""
     width = columns.width()
     count = int(order.size)
     keys = columns.key_ids[order] if count else columns.key_ids[:0]
@@ -323,6 +358,10 @@ def parse_batch_wire(wire: bytes | bytearray) -> BatchRecord:
         campaign_id=message.campaign_id,
         reports=tuple(Envelope(r.campaign_id, r.key_id, r.ciphertext) for r in message.reports),
         digest=message.digest,
+        release_id=message.release_id,
+        chunk_index=message.chunk_index,
+        chunk_count=message.chunk_count,
+        release_messages=message.release_messages,
     )
 
 
@@ -593,22 +632,14 @@ class SegmentSpool(SpoolDatabase):
                 seqs.pop()
             if whole and total > take:
                 raise ValueError("batch sizes do not fall on request boundaries")
-            order = None if whole else checked_order(permutation(take), take)
-            start = 0
-            for size in sizes or [take]:
+            # ONE permutation of the whole release, cut into chunks (ADR 0023); ``whole`` only
+            # means the release ends on a request boundary.
+            for own, chunk in release_slices(take, sizes or [take], permutation):
                 batch_id = new_batch_id()
-                if order is None:
-                    own = checked_order(permutation(size), size) + start
-                    wire, digest = batch_wire(batch_id, campaign_id, taken, own)
-                    start += size
-                    self._insert_batch(db, batch_id, campaign_id, size, digest, wire)
-                    formed.append(FormedBatch(batch_id, campaign_id, size, digest, wire))
-                    continue
-                # The permuted ciphertexts go straight into the message that will be forwarded.
-                wire, digest = batch_wire(batch_id, campaign_id, taken, order[start : start + size])
-                start += size
-                self._insert_batch(db, batch_id, campaign_id, size, digest, wire)
-                formed.append(FormedBatch(batch_id, campaign_id, size, digest, wire))
+                wire, digest = batch_wire(batch_id, campaign_id, taken, own, release=chunk)
+                self._insert_batch(db, batch_id, campaign_id, int(own.size), digest, wire)
+                formed.append(FormedBatch(batch_id, campaign_id, int(own.size), digest, b""))
+                del wire  # stored: the release's permuted copy is never all in memory at once
             del taken
             if seqs:
                 db.execute(
@@ -622,9 +653,10 @@ class SegmentSpool(SpoolDatabase):
             raise
         return formed
 
-    @staticmethod
-    def _record(batch: FormedBatch) -> BatchRecord:
-        return parse_batch_wire(batch.wire)
+    def _record(self, batch: FormedBatch) -> BatchRecord:
+        """The formed batch as a record (read back: its wire bytes are not kept after storing)."""
+        stored = self.load_batch(batch.batch_id) if not batch.wire else None
+        return stored if stored is not None else parse_batch_wire(batch.wire)
 
     def form_batch(
         self, campaign_id: str, max_reports: int, permutation: Permutation, min_reports: int = 1

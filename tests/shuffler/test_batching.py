@@ -135,8 +135,10 @@ async def test_window_close_below_n_min_holds_and_tells_the_operator(
     assert upstream.fake.calls == []
 
 
-async def test_a_requests_messages_always_land_in_one_batch(upstream, start, kit: SimpleNamespace) -> None:
-    """Multi-message campaigns: batches are cut between requests only (and at least n_min each)."""
+async def test_a_requests_messages_always_land_in_one_release(upstream, start, kit: SimpleNamespace) -> None:
+    """Multi-message campaigns: a release holds whole requests; since ADR 0023 it is ONE permutation
+    cut into chunks (a device's messages may span chunks; the aggregator counts the release whole).
+    Before ADR 0023 this test asserted every device whole in each batch."""
     campaign = upstream.fake.add(kit.make_campaign("mm", n_min=18, batch_target=30, keep_requests_whole=True))
     shuffler = await start(max_batch_reports=40, batch_interval_s=3600.0)  # released by the flush below
     for device in range(30):  # a device's 9 messages in one request; the first byte names the device
@@ -146,14 +148,16 @@ async def test_a_requests_messages_always_land_in_one_batch(upstream, start, kit
         assert (await shuffler.handlers.submit(pb.SubmitReportsRequest(reports=reports))).accepted == 9
     response = await shuffler.flush()
     assert response.reports_forwarded == 270
-    batches = upstream.fake.acked
+    batches = sorted(upstream.fake.acked, key=lambda b: b.chunk_index)
     assert len(batches) > 1
-    for batch in batches:
-        devices = Counter(r.ciphertext[0] for r in batch.reports)
-        assert set(devices.values()) == {9}, devices  # every device whole
-        assert len(batch.reports) >= 30  # the target, though not a multiple of 9
-        order = [r.ciphertext[0] for r in batch.reports]
-        assert order != sorted(order)  # permuted inside the batch (P(sorted) is negligible)
+    assert len({b.release_id for b in batches}) == 1 and batches[0].release_id
+    assert [b.chunk_index for b in batches] == list(range(len(batches)))
+    assert {(b.chunk_count, b.release_messages) for b in batches} == {(len(batches), 270)}
+    devices = Counter(r.ciphertext[0] for b in batches for r in b.reports)
+    assert set(devices.values()) == {9}, devices  # every device whole in the release
+    assert all(len(b.reports) >= 30 for b in batches)  # the target, though not a multiple of 9
+    spans = [len({b.chunk_index for b in batches if any(r.ciphertext[0] == d for r in b.reports)}) for d in range(30)]
+    assert max(spans) > 1  # one permutation across chunks, not one per chunk (P(all within one) negligible)
 
 
 async def test_flush_without_override_batches_at_or_above_n_min_only(
