@@ -227,7 +227,12 @@ async def test_a_multi_message_batch_with_too_few_devices_is_refused(
 
 def _chunk(batch: pb.ShuffledBatch, release: str, index: int, count: int, messages: int) -> pb.ShuffledBatch:
     """The batch as chunk ``index`` of ``count`` of a release of ``messages`` (ADR 0023)."""
-    batch.release_id, batch.chunk_index, batch.chunk_count, batch.release_messages = release, index, count, messages
+    batch.release_id, batch.chunk_index, batch.chunk_count, batch.release_messages = (
+        release,
+        index,
+        count,
+        messages,
+    )
     return batch
 
 
@@ -275,7 +280,9 @@ async def test_n_min_applies_to_the_release_and_a_short_release_is_refused_at_it
     sealed = [kit.seal(campaign, payload=p).report for p in messages]
     with pytest.raises(FailedPrecondition, match="n_min"):  # a release claiming fewer than n_min
         await handlers.ingest_batch(_chunk(kit.batch_of(campaign.id, sealed[:2], "s0"), "S", 0, 2, 4))
-    await handlers.ingest_batch(_chunk(kit.batch_of(campaign.id, sealed[:2], "t0"), "T", 0, 2, len(sealed) - 1))
+    await handlers.ingest_batch(
+        _chunk(kit.batch_of(campaign.id, sealed[:2], "t0"), "T", 0, 2, len(sealed) - 1)
+    )
     with pytest.raises(FailedPrecondition, match="refused"):
         await handlers.ingest_batch(
             _chunk(kit.batch_of(campaign.id, sealed[2:-1], "t1"), "T", 1, 2, len(sealed) - 1)

@@ -156,7 +156,10 @@ async def test_a_requests_messages_always_land_in_one_release(upstream, start, k
     devices = Counter(r.ciphertext[0] for b in batches for r in b.reports)
     assert set(devices.values()) == {9}, devices  # every device whole in the release
     assert all(len(b.reports) >= 30 for b in batches)  # the target, though not a multiple of 9
-    spans = [len({b.chunk_index for b in batches if any(r.ciphertext[0] == d for r in b.reports)}) for d in range(30)]
+    spans = [
+        len({b.chunk_index for b in batches if any(r.ciphertext[0] == d for r in b.reports)})
+        for d in range(30)
+    ]
     assert max(spans) > 1  # one permutation across chunks, not one per chunk (P(all within one) negligible)
 
 
