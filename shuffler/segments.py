@@ -331,12 +331,7 @@ def batch_wire(
             columns.data.reshape(columns.count, width), order, axis=0, out=rows[:, len(prefix) :], mode="clip"
         )
         if digest is None:
-            framed = np.empty((count, 4 + width), dtype=np.uint8)
-            framed[:, :4] = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
-            framed[:, 4:] = rows[:, len(prefix) :]
-            hashed = hashlib.sha256(_DIGEST_DOMAIN)
-            hashed.update(framed.data)
-            digest = hashed.digest()
+            digest = _framed_digest(rows[:, len(prefix) :], width)
     else:
         chunk = columns.take(order)
         digest = chunk.digest() if digest is None else digest
@@ -348,6 +343,23 @@ def batch_wire(
         raise ValueError("a batch digest is 32 bytes")
     wire[-32 - len(_DIGEST_FIELD_TAG) :] = _DIGEST_FIELD_TAG + digest
     return wire, digest
+
+
+_DIGEST_BLOCK: Final = 65536
+"""Rows framed and hashed at a time: the digest needs no second copy of a 48 MiB batch."""
+
+
+def _framed_digest(rows: npt.NDArray[np.uint8], width: int) -> bytes:
+    """``core.batches.batch_digest`` of equal-width ciphertext rows, framed block by block."""
+    hashed = hashlib.sha256(_DIGEST_DOMAIN)
+    length = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
+    for start in range(0, rows.shape[0], _DIGEST_BLOCK):
+        block = rows[start : start + _DIGEST_BLOCK]
+        framed = np.empty((block.shape[0], 4 + width), dtype=np.uint8)
+        framed[:, :4] = length
+        framed[:, 4:] = block
+        hashed.update(framed.data)
+    return hashed.digest()
 
 
 def parse_batch_wire(wire: bytes | bytearray) -> BatchRecord:
@@ -395,6 +407,41 @@ def _create_with_large_pages(path: Path) -> None:
         db.execute("PRAGMA journal_mode=WAL")
     finally:
         db.close()
+
+
+def _oldest_segments(db: sqlite3.Connection, campaign_id: str, limit: int) -> tuple[list[int], int, int]:
+    """(seqs, reports, ciphertext bytes) of the oldest pending segments reaching ``limit`` reports."""
+    seqs: list[int] = []
+    total = size = 0
+    for seq, count, length in db.execute(
+        "SELECT seq, report_count, length(ciphertexts) FROM pending_segments WHERE campaign_id = ? ORDER BY seq",
+        (campaign_id,),
+    ):
+        seqs.append(int(seq))
+        total += int(count)
+        size += int(length)
+        if total >= limit:
+            break
+    return seqs, total, size
+
+
+def _read_segments(db: sqlite3.Connection, campaign_id: str, last: int, total: int, size: int) -> Columns:
+    """The pending segments up to ``last`` as one ``Columns``, copied row by row into arrays sized
+    in advance: memory is the release's ciphertexts once, not the stored rows plus a joined copy."""
+    taken = Columns(np.empty(total, dtype=U32), np.empty(total, dtype=U32), np.empty(size, dtype=np.uint8))
+    at = offset = 0
+    for count, key_ids, lengths, data in db.execute(
+        "SELECT report_count, key_ids, lengths, ciphertexts FROM pending_segments"
+        " WHERE campaign_id = ? AND seq <= ? ORDER BY seq",
+        (campaign_id, last),
+    ):
+        taken.key_ids[at : at + count] = np.frombuffer(key_ids, dtype=U32)
+        taken.lengths[at : at + count] = np.frombuffer(lengths, dtype=U32)
+        taken.data[offset : offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        at, offset = at + count, offset + len(data)
+    if (at, offset) != (total, size):
+        raise RuntimeError("pending segments changed while a release was formed")
+    return taken
 
 
 @dataclass
@@ -595,32 +642,17 @@ class SegmentSpool(SpoolDatabase):
     ) -> list[FormedBatch]:
         """Take up to ``limit`` oldest reports (none if fewer than ``at_least``), permute, slice, store.
 
-        ``whole``: the sizes fall on segment boundaries and each batch is permuted on its own, so a
-        request's reports all land in one batch (multi-message campaigns).
+        ONE permutation of everything taken, cut into chunks of ``sizes`` (ADR 0023). ``whole``: the
+        release ends on a segment boundary, so a request's reports all land in one release.
         """
         formed: list[FormedBatch] = []
 
         def work(db: sqlite3.Connection) -> None:
-            cursor = db.execute(
-                "SELECT seq, report_count, key_ids, lengths, ciphertexts FROM pending_segments"
-                " WHERE campaign_id = ? ORDER BY seq",
-                (campaign_id,),
-            )
-            parts: list[Columns] = []
-            seqs: list[int] = []
-            total = 0
-            for seq, count, key_ids, lengths, data in cursor:
-                parts.append(Columns.load(key_ids, lengths, data))
-                seqs.append(int(seq))
-                total += int(count)
-                if total >= limit:
-                    break
-            cursor.close()
-            if not parts or total < at_least:
+            seqs, total, size = _oldest_segments(db, campaign_id, limit)
+            if not seqs or total < at_least:
                 return
             take = min(limit, total)
-            taken = Columns.concat(parts)
-            parts.clear()  # the stored blobs can go once copied (memory: ~2x the batch at the peak)
+            taken = _read_segments(db, campaign_id, seqs[-1], total, size)
             if total > take:  # the newest segment stays partly pending
                 taken, rest = taken.split(take)
                 key_ids, lengths, data = rest.blobs()
