@@ -414,7 +414,8 @@ def _oldest_segments(db: sqlite3.Connection, campaign_id: str, limit: int) -> tu
     seqs: list[int] = []
     total = size = 0
     for seq, count, length in db.execute(
-        "SELECT seq, report_count, length(ciphertexts) FROM pending_segments WHERE campaign_id = ? ORDER BY seq",
+        "SELECT seq, report_count, length(ciphertexts) FROM pending_segments"
+        " WHERE campaign_id = ? ORDER BY seq",
         (campaign_id,),
     ):
         seqs.append(int(seq))
