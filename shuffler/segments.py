@@ -426,23 +426,63 @@ def _oldest_segments(db: sqlite3.Connection, campaign_id: str, limit: int) -> tu
     return seqs, total, size
 
 
-def _read_segments(db: sqlite3.Connection, campaign_id: str, last: int, total: int, size: int) -> Columns:
-    """The pending segments up to ``last`` as one ``Columns``, copied row by row into arrays sized
-    in advance: memory is the release's ciphertexts once, not the stored rows plus a joined copy."""
-    taken = Columns(np.empty(total, dtype=U32), np.empty(total, dtype=U32), np.empty(size, dtype=np.uint8))
-    at = offset = 0
-    for count, key_ids, lengths, data in db.execute(
-        "SELECT report_count, key_ids, lengths, ciphertexts FROM pending_segments"
-        " WHERE campaign_id = ? AND seq <= ? ORDER BY seq",
-        (campaign_id, last),
-    ):
-        taken.key_ids[at : at + count] = np.frombuffer(key_ids, dtype=U32)
-        taken.lengths[at : at + count] = np.frombuffer(lengths, dtype=U32)
-        taken.data[offset : offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        at, offset = at + count, offset + len(data)
-    if (at, offset) != (total, size):
+def _split_newest(db: sqlite3.Connection, seq: int, keep_pending: int) -> Columns:
+    """Leave the last ``keep_pending`` reports of segment ``seq`` pending; return the others (a copy)."""
+    row = db.execute(
+        "SELECT key_ids, lengths, ciphertexts FROM pending_segments WHERE seq = ?", (seq,)
+    ).fetchone()
+    stored = Columns.load(row[0], row[1], row[2])
+    head, rest = stored.split(stored.count - keep_pending)
+    key_ids, lengths, data = rest.blobs()
+    db.execute(
+        "UPDATE pending_segments SET report_count = ?, key_ids = ?, lengths = ?, ciphertexts = ?"
+        " WHERE seq = ?",
+        (rest.count, key_ids, lengths, data, seq),
+    )
+    return Columns(head.key_ids.copy(), head.lengths.copy(), head.data.copy())
+
+
+def _segments(
+    db: sqlite3.Connection, campaign_id: str, last: int | None, tail: Columns | None
+) -> Iterator[Columns]:
+    """The release's reports segment by segment, in stored order (rows up to ``last``, then ``tail``)."""
+    if last is not None:
+        for key_ids, lengths, data in db.execute(
+            "SELECT key_ids, lengths, ciphertexts FROM pending_segments"
+            " WHERE campaign_id = ? AND seq <= ? ORDER BY seq",
+            (campaign_id, last),
+        ):
+            yield Columns.load(key_ids, lengths, data)
+    if tail is not None:
+        yield tail
+
+
+def _gather(
+    db: sqlite3.Connection,
+    campaign_id: str,
+    last: int | None,
+    tail: Columns | None,
+    own: npt.NDArray[np.int64],
+) -> tuple[Columns, npt.NDArray[np.int64]]:
+    """The reports at release positions ``own`` (in stored order) and the order that puts them in
+    the permuted order ``own``: one pass over the segments, keeping only this chunk's rows."""
+    by_position = np.argsort(own, kind="stable")
+    wanted = own[by_position]
+    pieces: list[Columns] = []
+    base = 0
+    for segment in _segments(db, campaign_id, last, tail):
+        low, high = np.searchsorted(wanted, [base, base + segment.count])
+        if high > low:
+            pieces.append(segment.take(wanted[low:high] - base))
+        base += segment.count
+    rows = (
+        Columns.concat(pieces)
+        if pieces
+        else Columns(own[:0].astype(U32), own[:0].astype(U32), np.empty(0, np.uint8))
+    )
+    if rows.count != own.size:
         raise RuntimeError("pending segments changed while a release was formed")
-    return taken
+    return rows, np.argsort(by_position).astype(np.int64)
 
 
 @dataclass
@@ -649,31 +689,25 @@ class SegmentSpool(SpoolDatabase):
         formed: list[FormedBatch] = []
 
         def work(db: sqlite3.Connection) -> None:
-            seqs, total, size = _oldest_segments(db, campaign_id, limit)
+            seqs, total, _ = _oldest_segments(db, campaign_id, limit)
             if not seqs or total < at_least:
                 return
             take = min(limit, total)
-            taken = _read_segments(db, campaign_id, seqs[-1], total, size)
-            if total > take:  # the newest segment stays partly pending
-                taken, rest = taken.split(take)
-                key_ids, lengths, data = rest.blobs()
-                db.execute(
-                    "UPDATE pending_segments SET report_count = ?, key_ids = ?, lengths = ?, ciphertexts = ?"
-                    " WHERE seq = ?",
-                    (rest.count, key_ids, lengths, data, seqs[-1]),
-                )
-                seqs.pop()
             if whole and total > take:
                 raise ValueError("batch sizes do not fall on request boundaries")
-            # ONE permutation of the whole release, cut into chunks (ADR 0023); ``whole`` only
-            # means the release ends on a request boundary.
+            tail = None
+            if total > take:  # the newest segment stays partly pending: keep its head in memory
+                tail = _split_newest(db, seqs.pop(), total - take)
+            # ONE permutation of the whole release, cut into chunks (ADR 0023). Each chunk is
+            # gathered by one pass over the stored segments, so memory is a chunk, not the release.
             for own, chunk in release_slices(take, sizes or [take], permutation):
                 batch_id = new_batch_id()
-                wire, digest = batch_wire(batch_id, campaign_id, taken, own, release=chunk)
+                rows, order = _gather(db, campaign_id, seqs[-1] if seqs else None, tail, own)
+                wire, digest = batch_wire(batch_id, campaign_id, rows, order, release=chunk)
+                del rows
                 self._insert_batch(db, batch_id, campaign_id, int(own.size), digest, wire)
                 formed.append(FormedBatch(batch_id, campaign_id, int(own.size), digest, b""))
-                del wire  # stored: the release's permuted copy is never all in memory at once
-            del taken
+                del wire
             if seqs:
                 db.execute(
                     "DELETE FROM pending_segments WHERE campaign_id = ? AND seq <= ?", (campaign_id, seqs[-1])
