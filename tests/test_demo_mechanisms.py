@@ -60,6 +60,7 @@ def test_demo_runs_every_mechanism_at_small_n(tmp_path: Path, mechanism: str) ->
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # multi_message_histogram seals and counts 1.3M messages
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_demo_at_defaults_states_the_planned_epsilon(tmp_path: Path, mechanism: str) -> None:
     """20,000 devices (the default): the stated central ε is no worse than the plan for that n."""
