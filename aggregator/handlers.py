@@ -295,21 +295,24 @@ async def _plan_bounded(request: pb.CreateCampaignRequest, deadline_s: float | N
         raise Unavailable("the planning process died; try again") from None
 
 
-def manipulation_budget(randomiser: LocalRandomiser, counts: Sequence[int], n: int) -> pb.ManipulationBudget:
-    """How far m fake well-formed reports could move each estimate (m by the documented rule)."""
-    m = manipulation.default_fake_reports(n)
+def manipulation_budget(
+    randomiser: LocalRandomiser, counts: Sequence[int], n: int, fake_reports: int = 0
+) -> pb.ManipulationBudget:
+    """How far m fake well-formed reports could move each estimate (m given, or by the documented rule)."""
+    m = fake_reports or manipulation.default_fake_reports(n)
+    rule = manipulation.OPERATOR_RULE if fake_reports else manipulation.DEFAULT_RULE
     shift = manipulation.report_shift(randomiser, counts, n)
     if shift is None:
         return pb.ManipulationBudget(
             fake_reports=m,
-            rule=manipulation.DEFAULT_RULE,
+            rule=rule,
             computed=False,
             note="not derived for this mechanism or domain size (docs/queries.md)",
         )
     up, down = shift.for_reports(m)
     return pb.ManipulationBudget(
         fake_reports=m,
-        rule=manipulation.DEFAULT_RULE,
+        rule=rule,
         max_raise=up.tolist(),
         max_lower=down.tolist(),
         raise_per_report=shift.raise_per_report.tolist(),
@@ -710,6 +713,10 @@ class AggregatorHandlers:
         confidence = request.confidence if request.confidence != 0 else DEFAULT_CONFIDENCE
         if not (_finite(confidence) and 0 < confidence < 1):
             raise InvalidRequest(f"confidence must lie in (0, 1), got {request.confidence!r}")
+        if request.fake_reports > manipulation.MAX_FAKE_REPORTS:
+            raise InvalidRequest(
+                f"fake_reports must be at most {manipulation.MAX_FAKE_REPORTS}, got {request.fake_reports}"
+            )
         campaign = await self._campaign(request.campaign_id)
         if binary and campaign.kind != pb.BINARY:
             raise FailedPrecondition(f"campaign {campaign.id} is categorical: use Histogram, not BinarySum")
@@ -750,7 +757,9 @@ class AggregatorHandlers:
         if snapshot.incomplete_releases:
             pending = f"{snapshot.incomplete_releases} release(s) still arriving are not counted yet"
             privacy.note = "; ".join(filter(None, [privacy.note, pending]))
-        budget = await asyncio.to_thread(manipulation_budget, randomiser, snapshot.counts, devices)
+        budget = await asyncio.to_thread(
+            manipulation_budget, randomiser, snapshot.counts, devices, request.fake_reports
+        )
         return pb.QueryResponse(
             campaign_id=campaign.id,
             mechanism=campaign.mechanism,

@@ -377,6 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--suppress-below", type=float, default=0.0, help="post-process: zero estimates under X"
         )
         q.add_argument("--top-k", type=int, default=0, help="post-process: keep the K largest buckets")
+        q.add_argument(
+            "--fake-reports",
+            type=_positive_int,
+            default=0,
+            help="m for the manipulation budget (default: 1%% of the counted reports, at least 1)",
+        )
         q.add_argument("--json", action="store_true")
         _add_client_tls_options(q)
 
@@ -762,6 +768,7 @@ def _run(args: argparse.Namespace) -> int:
         query = pb.QueryRequest(
             campaign_id=args.campaign,
             confidence=args.confidence,
+            fake_reports=args.fake_reports,
             simultaneous=args.simultaneous,
             post_processing=pb.PostProcessing(
                 clip_non_negative=args.clip,

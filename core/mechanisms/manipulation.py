@@ -29,6 +29,11 @@ else:
 
 DEFAULT_FRACTION: Final = 0.01
 DEFAULT_RULE: Final = "m = 1% of the counted reports, at least 1 (the bound scales linearly in m)"
+OPERATOR_RULE: Final = (
+    "m given by the operator (e.g. the per-source quota times the sources the shuffler saw)"
+)
+MAX_FAKE_REPORTS: Final = 2**53
+"""Largest operator-given m: beyond it float products stop being exact integers' images."""
 MAX_BUCKETS: Final = 256
 """Probing costs one estimate per count cell: beyond this many buckets the bound is not derived."""
 

@@ -58,3 +58,20 @@ async def test_mechanisms_without_a_derived_bound_say_so(handlers: AggregatorHan
     answer = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
     assert not answer.manipulation.computed and answer.manipulation.note
     assert "not derived" in manipulation_line(answer)
+
+
+async def test_an_operator_given_m_scales_the_budget_and_is_named(
+    handlers: AggregatorHandlers, kit: Kit
+) -> None:
+    """The operator may state m (e.g. quota × sources); the budget is linear in it and says so."""
+    from deniable.aggregator.handlers import InvalidRequest
+
+    campaign = await handlers.create_campaign(kit.binary_request())
+    batch = [kit.seal(campaign, i % 2).report for i in range(200)]
+    await handlers.ingest_batch(kit.batch_of(campaign.id, batch, "b"))
+    default = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=True)
+    given = await handlers.query(pb.QueryRequest(campaign_id=campaign.id, fake_reports=50), binary=True)
+    assert given.manipulation.fake_reports == 50 and "operator" in given.manipulation.rule
+    assert given.manipulation.max_raise[1] == pytest.approx(25 * default.manipulation.max_raise[1])
+    with pytest.raises(InvalidRequest, match="fake_reports"):
+        await handlers.query(pb.QueryRequest(campaign_id=campaign.id, fake_reports=2**60), binary=True)

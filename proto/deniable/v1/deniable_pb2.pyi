@@ -787,11 +787,14 @@ class QueryRequest(google.protobuf.message.Message):
     CONFIDENCE_FIELD_NUMBER: builtins.int
     SIMULTANEOUS_FIELD_NUMBER: builtins.int
     POST_PROCESSING_FIELD_NUMBER: builtins.int
+    FAKE_REPORTS_FIELD_NUMBER: builtins.int
     campaign_id: builtins.str
     confidence: builtins.float
     """default 0.95"""
     simultaneous: builtins.bool
     """intervals that hold for all buckets at once (Bonferroni)"""
+    fake_reports: builtins.int
+    """m for the answer's manipulation budget (0: the documented default rule)"""
     @property
     def post_processing(self) -> Global___PostProcessing: ...
     def __init__(
@@ -801,9 +804,10 @@ class QueryRequest(google.protobuf.message.Message):
         confidence: builtins.float = ...,
         simultaneous: builtins.bool = ...,
         post_processing: Global___PostProcessing | None = ...,
+        fake_reports: builtins.int = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["post_processing", b"post_processing"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "confidence", b"confidence", "post_processing", b"post_processing", "simultaneous", b"simultaneous"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["campaign_id", b"campaign_id", "confidence", b"confidence", "fake_reports", b"fake_reports", "post_processing", b"post_processing", "simultaneous", b"simultaneous"]) -> None: ...
 
 Global___QueryRequest: typing_extensions.TypeAlias = QueryRequest
 
