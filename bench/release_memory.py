@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from deniable.core.rng import default_rng
-from deniable.shuffler.batcher import MAX_BATCH_BYTES, whole_chunks
+from deniable.shuffler.batcher import MAX_BATCH_BYTES, chunk_sizes
 from deniable.shuffler.segments import ColumnReports, SegmentSpool
 
 
@@ -43,7 +43,7 @@ def main() -> None:
             spool.append(ColumnReports([("c", keys, texts)] * min(500, requests - first)))
         filled = peak_mib()
         segments = spool.pending_segment_counts("c")
-        sizes = whole_chunks(segments, MAX_BATCH_BYTES // (args.width + 32), 1)
+        sizes = chunk_sizes(sum(segments), MAX_BATCH_BYTES // (args.width + 32), 1)
         started = time.perf_counter()
         formed = spool.form_batch_sizes("c", sizes, default_rng().permutation, whole=True)
         seconds = time.perf_counter() - started

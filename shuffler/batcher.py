@@ -3,7 +3,8 @@
 A campaign is released when its batch target is reached, when its window closes (if at least
 n_min are held; otherwise they stay held and the operator is told), or when the operator forces
 it. Never on a quiet period, and never below n_min without the operator's override. A campaign
-whose requests must stay whole (multi-message) is cut only between requests (ADR 0014).
+whose requests must stay whole (multi-message) is released as whole requests (ADR 0014); a release
+is one permutation cut into chunks that fit the byte limit (ADR 0023).
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ class Batcher:
         max_batch, floor = self._limits(campaign, floor)
         if campaign.keep_requests_whole:
             if isinstance(self._store, SegmentPaths):
-                segments = await asyncio.to_thread(self._store.pending_segment_counts, campaign.id)
-                return _Plan(whole_chunks(segments, max_batch, floor), True, cause)
+                # Every pending request, as one release: one permutation cut into chunks under the
+                # byte limit, anywhere (the aggregator counts the release whole; ADR 0023).
+                return _Plan(chunk_sizes(pending, max_batch, 1), True, cause)
             return _Plan([pending], False, cause)  # one batch: no request can be split
         return _Plan(chunk_sizes(pending, max_batch, floor), False, cause)
