@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -46,24 +46,6 @@ def chunk_sizes(pending: int, max_batch: int, n_min: int) -> list[int]:
     count = max(1, count)
     base, extra = divmod(pending, count)
     return [base + 1 if i < extra else base for i in range(count)]
-
-
-def whole_chunks(segments: Sequence[int], max_batch: int, floor: int) -> list[int]:
-    """Batch sizes that cut only between segments (requests): about ``max_batch`` each, none below
-    ``floor`` (a short last chunk joins the one before). Sums to sum(segments)."""
-    chunks: list[int] = []
-    current = 0
-    for size in segments:
-        if current and current + size > max_batch and current >= floor:
-            chunks.append(current)
-            current = 0
-        current += size
-    if current:
-        if chunks and current < floor:
-            chunks[-1] += current
-        else:
-            chunks.append(current)
-    return chunks
 
 
 @dataclass(frozen=True)

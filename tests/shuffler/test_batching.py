@@ -8,7 +8,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 from deniable.core.batches import batch_digest
-from deniable.shuffler.batcher import chunk_sizes, whole_chunks
+from deniable.shuffler.batcher import chunk_sizes
 from deniable.v1 import deniable_pb2 as pb
 
 
@@ -34,19 +34,6 @@ def test_chunk_sizes() -> None:
                     assert len(sizes) == -(-pending // max_batch), context
             else:
                 assert max(sizes) <= max_batch, context
-
-
-def test_whole_chunks_cut_between_segments_only() -> None:
-    import itertools
-
-    for segments in ([9] * 30, [1, 5, 2, 9, 3, 3, 7], [50], [4, 4, 4, 40, 1], [2] * 7):
-        for max_batch, floor in itertools.product((5, 10, 40, 100), (1, 6, 18)):
-            sizes = whole_chunks(segments, max_batch, floor)
-            assert sum(sizes) == sum(segments)
-            boundaries = set(itertools.accumulate(segments))
-            assert set(itertools.accumulate(sizes)) <= boundaries, (segments, sizes)
-            if sum(segments) >= floor:
-                assert min(sizes) >= floor, (segments, max_batch, floor, sizes)
 
 
 def test_chunk_sizes_of_nothing() -> None:
