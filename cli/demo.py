@@ -237,6 +237,10 @@ async def run_pipeline(
                 mqtt=ingress,
                 tls=ServerTls(certs.cert("shuffler"), certs.key("shuffler"), certs.ca),
                 quota_per_source=0,  # every simulated device shares 127.0.0.1
+                # A 48 MiB chunk (~290k messages) takes the aggregator longer than the default 30 s
+                # to decrypt on a loaded machine; a call past its deadline is cancelled uncounted
+                # and retried (defaults run of multi_message_histogram: 4 chunks uncommitted for 6 min).
+                forward_deadline_s=600.0,
             )
         )
         try:
