@@ -26,6 +26,7 @@ from deniable.aggregator.decrypt import OK, Envelope, Opened, open_packed, open_
 from deniable.aggregator.keys import RETIRED, Keyring, KeyStateError
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool, PoolUnavailable
+from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict
 from deniable.aggregator.store import (
     AggregatorStore,
     BatchConflict,
@@ -698,7 +699,9 @@ class AggregatorHandlers:
         if seen is not None:
             return self._duplicate(batch, seen.campaign_id, seen.digest)
 
-        self._check_batch_size(campaign, len(envelopes))
+        release = _release_of(batch, len(envelopes))
+        # n_min applies to the release's total; it is only counted once its chunks add up to it.
+        self._check_batch_size(campaign, len(envelopes) if release is None else release.messages)
         randomiser = randomiser_for(campaign)
         if self._expired(campaign, self._clock()):
             # Past retention its ids may be gone: nothing can be deduplicated, so nothing counts.
@@ -709,8 +712,9 @@ class AggregatorHandlers:
             with self.metrics.decrypt_seconds.time(), self.metrics.span("aggregator.decrypt"):
                 opened = await self._open(campaign, envelopes)
             valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
-            if randomiser.multi_message:
+            if randomiser.multi_message and release is None:
                 await self._check_devices(campaign, randomiser, batch.batch_id, valid)
+        check = self._release_check(campaign, randomiser) if randomiser.multi_message else None
         try:
             with self.metrics.commit_seconds.time(), self.metrics.span("aggregator.commit"):
                 outcome = await self.store.ingest(
@@ -723,7 +727,12 @@ class AggregatorHandlers:
                     count_cells=_counter(randomiser),
                     cells=randomiser.count_cells,
                     devices=randomiser.devices if randomiser.multi_message else None,
+                    release=release,
+                    check_release=check,
                 )
+        except ReleaseConflict as exc:
+            self.metrics.batch("release_conflict")
+            raise FailedPrecondition(str(exc)) from None
         except BatchConflict as exc:
             raise AlreadyExists(str(exc)) from None
         except UnknownCampaign:
@@ -780,6 +789,22 @@ class AggregatorHandlers:
                 " and no operator authorised a release below n_min (ReleaseBelowNMin)"
             )
 
+    def _release_check(self, campaign: pb.Campaign, randomiser: LocalRandomiser) -> ReleaseCheck:
+        """Multi-message: a complete release must be whole devices, at least n_min of them."""
+        least = campaign.n_min // _messages_per_device(randomiser)
+        authorised = self._clock() < campaign.below_n_min_until_unix
+
+        def check(counts: Sequence[int], messages: int) -> str | None:
+            problem = randomiser.incomplete_batch(list(counts))
+            if problem is not None:
+                return problem
+            devices = randomiser.devices(list(counts), messages)
+            if 0 < devices < least and not authorised:
+                return f"it holds {devices} devices, below the campaign's n_min ({least})"
+            return None
+
+        return check
+
     def _duplicate(self, batch: pb.ShuffledBatch, campaign_id: str, digest: bytes) -> pb.IngestBatchResponse:
         """Acknowledge a batch seen before (same content); a reused id with new content is refused."""
         if campaign_id != batch.campaign_id or digest != batch.digest:
@@ -831,6 +856,11 @@ class AggregatorHandlers:
         privacy = await asyncio.to_thread(
             privacy_statement, campaign, devices, snapshot.smallest_batch, snapshot.batches
         )
+        privacy.releases = snapshot.releases
+        privacy.incomplete_releases = snapshot.incomplete_releases
+        if snapshot.incomplete_releases:
+            pending = f"{snapshot.incomplete_releases} release(s) still arriving are not counted yet"
+            privacy.note = "; ".join(filter(None, [privacy.note, pending]))
         budget = await asyncio.to_thread(
             manipulation_budget, randomiser, snapshot.counts, devices, request.fake_reports
         )
@@ -933,6 +963,18 @@ class AggregatorHandlers:
     async def _key_info(self, key_id: int) -> pb.KeyInfo:
         listing = await self._key_listing()
         return next(info for info in listing.keys if info.key_id == key_id)
+
+
+def _release_of(batch: pb.ShuffledBatch, size: int) -> ReleaseChunk | None:
+    """The batch's place in its release (None: a batch of its own); INVALID_ARGUMENT if malformed."""
+    if not batch.release_id:
+        if batch.chunk_count or batch.chunk_index or batch.release_messages:
+            raise InvalidRequest("chunk fields without a release_id")
+        return None
+    chunk = ReleaseChunk(batch.release_id, batch.chunk_index, batch.chunk_count, batch.release_messages)
+    if len(batch.release_id) > 128 or (problem := chunk.problem(size)) is not None:
+        raise InvalidRequest(f"batch {batch.batch_id[:80]!r}: {problem or 'release_id too long'}")
+    return chunk
 
 
 def _batch_counts(randomiser: LocalRandomiser, valid: Sequence[tuple[bytes, bytes]]) -> list[int]:

@@ -18,6 +18,7 @@ from typing import Final, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict, ReleaseState
 from deniable.core.errors import ConfigurationError
 from deniable.core.sqlite import open_database
 from deniable.v1 import deniable_pb2 as pb
@@ -67,7 +68,7 @@ class IngestOutcome:
     rejected: dict[int, int] = field(default_factory=dict)
 
 
-DELETED_WITH_CAMPAIGN: Final = ("counts", "rejections", "batches", "seen_reports", "retired")
+DELETED_WITH_CAMPAIGN: Final = ("counts", "rejections", "batches", "seen_reports", "retired", "releases")
 """Tables keyed by a campaign's ``seq``: emptied of it when the campaign is deleted."""
 
 
@@ -80,6 +81,8 @@ class CampaignCounts:
     smallest_batch: int
     rejected: dict[int, int]
     batches: int
+    releases: int = 0
+    incomplete_releases: int = 0
 
 
 class AggregatorStore(Protocol):
@@ -122,8 +125,13 @@ class AggregatorStore(Protocol):
         count_cells: CountCells,
         cells: int,
         devices: DeviceCount | None = None,
+        release: ReleaseChunk | None = None,
+        check_release: ReleaseCheck | None = None,
     ) -> IngestOutcome:
         """Count one batch atomically and idempotently.
+
+        A chunk of a ``release`` is held apart until every chunk is in; the complete release is
+        then counted as one batch (``check_release`` may refuse it: ReleaseConflict, see ADR 0023).
 
         ``valid_reports`` are (report_id, payload) pairs that decrypted and validated; report
         ids seen before in this campaign (or earlier in the batch) become DUPLICATE_REPORT
@@ -195,6 +203,13 @@ CREATE TABLE IF NOT EXISTS seen_reports (
 CREATE TABLE IF NOT EXISTS retired (
     campaign INTEGER PRIMARY KEY REFERENCES campaigns(seq)
 );
+CREATE TABLE IF NOT EXISTS releases (
+    campaign INTEGER NOT NULL REFERENCES campaigns(seq),
+    release_id TEXT NOT NULL,
+    done INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    PRIMARY KEY (campaign, release_id)
+) WITHOUT ROWID;
 """
 
 
@@ -347,6 +362,8 @@ class SqliteAggregatorStore:
         count_cells: CountCells,
         cells: int,
         devices: DeviceCount | None = None,
+        release: ReleaseChunk | None = None,
+        check_release: ReleaseCheck | None = None,
     ) -> IngestOutcome:
         """Count one batch atomically and idempotently (see ``AggregatorStore.ingest``)."""
 
@@ -407,10 +424,16 @@ class SqliteAggregatorStore:
 
             payloads = list(unique.values())
             counted = len(payloads)
+            tally = np.zeros(cells, dtype=np.int64)
             if counted:
                 tally = np.asarray(count_cells(payloads), dtype=np.int64)
                 if tally.shape != (cells,) or bool(np.any(tally < 0)):
                     raise ValueError(f"count_cells returned shape {tally.shape}, expected ({cells},)")
+            size = batch_size
+            if release is not None:
+                whole = _sqlite_release(db, seq, release, tally, counted, batch_size, check_release)
+                tally, counted, size = whole if whole is not None else (tally, 0, 0)
+            if counted:
                 db.executemany(
                     "INSERT INTO counts (campaign, cell, count) VALUES (?, ?, ?)"
                     " ON CONFLICT (campaign, cell) DO UPDATE SET count = count + excluded.count",
@@ -429,15 +452,15 @@ class SqliteAggregatorStore:
             # A report is hidden only among the reports counted with it: rejected and repeated
             # ones hide nobody, so the effective shuffle size is at most the counted number.
             # Multi-message mechanisms: the shuffle hides devices, counted by ``devices``.
-            effective = min(batch_size, counted)
+            effective = min(size, counted)
             if devices is not None and counted:
                 effective = min(effective, devices([int(c) for c in tally], counted))
             db.execute(
-                "UPDATE campaigns SET n = n + ?, batches = batches + 1,"
+                "UPDATE campaigns SET n = n + ?, batches = batches + ?,"
                 " smallest_batch = CASE WHEN ? = 0 THEN smallest_batch"
                 " WHEN smallest_batch = 0 OR ? < smallest_batch THEN ? ELSE smallest_batch END"
                 " WHERE seq = ?",
-                (counted, effective, effective, effective, seq),
+                (counted, int(size > 0 or release is None), effective, effective, effective, seq),
             )
             db.execute(
                 "INSERT INTO batches (batch_id, campaign, digest, size, counted, rejected)"
@@ -469,12 +492,17 @@ class SqliteAggregatorStore:
                     "SELECT reason, count FROM rejections WHERE campaign = ? ORDER BY reason", (seq,)
                 )
             }
+            done = dict(
+                db.execute("SELECT done, COUNT(*) FROM releases WHERE campaign = ? GROUP BY done", (seq,))
+            )
             return CampaignCounts(
                 counts=counts,
                 n=int(row[1]),
                 smallest_batch=int(row[2]),
                 rejected=rejected,
                 batches=int(row[3]),
+                releases=int(done.get(1, 0)),
+                incomplete_releases=int(done.get(0, 0)),
             )
 
         return await self._run(lambda: self._transaction(work, write=False))
@@ -519,3 +547,32 @@ class SqliteAggregatorStore:
         self._closed = True
         await asyncio.get_running_loop().run_in_executor(None, self._thread.shutdown, True)
         self._db.close()
+
+
+def _sqlite_release(
+    db: sqlite3.Connection,
+    seq: int,
+    chunk: ReleaseChunk,
+    tally: npt.NDArray[np.int64],
+    counted: int,
+    size: int,
+    check: ReleaseCheck | None,
+) -> tuple[npt.NDArray[np.int64], int, int] | None:
+    """Hold one chunk's counts with its release; the complete release's (counts, counted, size)."""
+    row = db.execute(
+        "SELECT done, state FROM releases WHERE campaign = ? AND release_id = ?", (seq, chunk.release_id)
+    ).fetchone()
+    if row is not None and int(row[0]):
+        raise ReleaseConflict(f"release {chunk.release_id[:80]!r} is already complete")
+    state = ReleaseState.loads(str(row[1])) if row is not None else ReleaseState(chunk.count, chunk.messages)
+    complete = state.add(chunk, [int(c) for c in tally], counted, size)
+    if complete and check is not None and (problem := check(state.counts, state.counted)):
+        raise ReleaseConflict(f"release {chunk.release_id[:80]!r} is refused: {problem}")
+    db.execute(
+        "INSERT INTO releases (campaign, release_id, done, state) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (campaign, release_id) DO UPDATE SET done = excluded.done, state = excluded.state",
+        (seq, chunk.release_id, int(complete), state.dumps()),
+    )
+    if not complete:
+        return None
+    return np.asarray(state.counts, dtype=np.int64), state.counted, state.size

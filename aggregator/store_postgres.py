@@ -32,6 +32,7 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
+from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict, ReleaseState
 from deniable.aggregator.store import (
     DELETED_WITH_CAMPAIGN,
     DUPLICATE_REPORT,
@@ -98,6 +99,13 @@ CREATE TABLE IF NOT EXISTS seen_reports (
 CREATE TABLE IF NOT EXISTS retired (
     campaign BIGINT PRIMARY KEY REFERENCES campaigns(seq)
 );
+CREATE TABLE IF NOT EXISTS releases (
+    campaign BIGINT NOT NULL REFERENCES campaigns(seq),
+    release_id TEXT NOT NULL,
+    done BOOLEAN NOT NULL DEFAULT FALSE,
+    state TEXT NOT NULL,
+    PRIMARY KEY (campaign, release_id)
+);
 """
 """No foreign key on seen_reports (as in SQLite): one check per report id would cost more than it guards."""
 
@@ -126,7 +134,7 @@ ON CONFLICT (campaign, reason) DO UPDATE SET count = rejections.count + excluded
 """
 
 _ADD_BATCH_TO_CAMPAIGN: Final = """
-UPDATE campaigns SET n = n + $2, batches = batches + 1,
+UPDATE campaigns SET n = n + $2, batches = batches + $4,
     smallest_batch = CASE WHEN $3::bigint = 0 THEN smallest_batch
         WHEN smallest_batch = 0 OR $3::bigint < smallest_batch THEN $3::bigint
         ELSE smallest_batch END
@@ -138,7 +146,9 @@ SELECT c.n, c.smallest_batch, c.batches,
     ARRAY(SELECT cell FROM counts WHERE campaign = c.seq ORDER BY cell) AS cells,
     ARRAY(SELECT count FROM counts WHERE campaign = c.seq ORDER BY cell) AS cell_counts,
     ARRAY(SELECT reason FROM rejections WHERE campaign = c.seq ORDER BY reason) AS reasons,
-    ARRAY(SELECT count FROM rejections WHERE campaign = c.seq ORDER BY reason) AS reason_counts
+    ARRAY(SELECT count FROM rejections WHERE campaign = c.seq ORDER BY reason) AS reason_counts,
+    (SELECT COUNT(*) FROM releases WHERE campaign = c.seq AND done) AS releases,
+    (SELECT COUNT(*) FROM releases WHERE campaign = c.seq AND NOT done) AS incomplete_releases
 FROM campaigns c WHERE c.id = $1
 """
 """One statement, so one snapshot: counts, n and rejections always belong together."""
@@ -175,6 +185,40 @@ def _tally(
     if tally.shape != (cells,) or bool(np.any(tally < 0)):
         raise ValueError(f"count_cells returned shape {tally.shape}, expected ({cells},)")
     return tally, None if devices is None else devices([int(c) for c in tally], len(payloads))
+
+
+async def _pg_release(
+    db: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+    seq: int,
+    chunk: ReleaseChunk,
+    tally: npt.NDArray[np.int64],
+    counted: int,
+    size: int,
+    check: ReleaseCheck | None,
+) -> tuple[npt.NDArray[np.int64], int, int] | None:
+    """Hold one chunk's counts with its release; the complete release's (counts, counted, size)."""
+    row = await db.fetchrow(
+        "SELECT done, state FROM releases WHERE campaign = $1 AND release_id = $2 FOR UPDATE",
+        seq,
+        chunk.release_id,
+    )
+    if row is not None and bool(row[0]):
+        raise ReleaseConflict(f"release {chunk.release_id[:80]!r} is already complete")
+    state = ReleaseState.loads(str(row[1])) if row is not None else ReleaseState(chunk.count, chunk.messages)
+    complete = state.add(chunk, [int(c) for c in tally], counted, size)
+    if complete and check is not None and (problem := check(state.counts, state.counted)):
+        raise ReleaseConflict(f"release {chunk.release_id[:80]!r} is refused: {problem}")
+    await db.execute(
+        "INSERT INTO releases (campaign, release_id, done, state) VALUES ($1, $2, $3, $4)"
+        " ON CONFLICT (campaign, release_id) DO UPDATE SET done = excluded.done, state = excluded.state",
+        seq,
+        chunk.release_id,
+        complete,
+        state.dumps(),
+    )
+    if not complete:
+        return None
+    return np.asarray(state.counts, dtype=np.int64), state.counted, state.size
 
 
 class PostgresAggregatorStore:
@@ -278,6 +322,8 @@ class PostgresAggregatorStore:
         count_cells: CountCells,
         cells: int,
         devices: DeviceCount | None = None,
+        release: ReleaseChunk | None = None,
+        check_release: ReleaseCheck | None = None,
     ) -> IngestOutcome:
         """Count one batch atomically and idempotently (see ``AggregatorStore.ingest``)."""
         pool = self._open_pool()
@@ -308,16 +354,22 @@ class PostgresAggregatorStore:
 
             payloads = list(unique.values())
             counted = len(payloads)
-            effective = min(batch_size, counted)
+            tally = np.zeros(cells, dtype=np.int64)
             if counted:
-                tally, device_count = await asyncio.to_thread(_tally, count_cells, payloads, cells, devices)
+                tally, _ = await asyncio.to_thread(_tally, count_cells, payloads, cells, None)
+            size = batch_size
+            if release is not None:
+                whole = await _pg_release(db, seq, release, tally, counted, batch_size, check_release)
+                tally, counted, size = whole if whole is not None else (tally, 0, 0)
+            effective = min(size, counted)
+            if counted:
                 nonzero = np.flatnonzero(tally)
                 await db.execute(
                     _ADD_COUNTS, seq, [int(c) for c in nonzero], [int(tally[c]) for c in nonzero]
                 )
                 # Multi-message mechanisms: the shuffle hides devices, counted by ``devices``.
-                if device_count is not None:
-                    effective = min(effective, device_count)
+                if devices is not None:
+                    effective = min(effective, devices([int(c) for c in tally], counted))
 
             all_rejected = {int(reason): int(count) for reason, count in rejected.items() if count}
             if duplicates:
@@ -327,7 +379,8 @@ class PostgresAggregatorStore:
                 await db.execute(_ADD_REJECTIONS, seq, reasons, [all_rejected[r] for r in reasons])
 
             # A report is hidden only among the reports counted with it (see the SQLite store).
-            await db.execute(_ADD_BATCH_TO_CAMPAIGN, seq, counted, effective)
+            batches = int(size > 0 or release is None)  # an incomplete release is no batch yet
+            await db.execute(_ADD_BATCH_TO_CAMPAIGN, seq, counted, effective, batches)
             try:
                 await db.execute(
                     "INSERT INTO batches (batch_id, campaign, digest, size, counted, rejected)"
@@ -360,6 +413,8 @@ class PostgresAggregatorStore:
             smallest_batch=int(row["smallest_batch"]),
             rejected={int(r): int(k) for r, k in zip(row["reasons"], row["reason_counts"], strict=True)},
             batches=int(row["batches"]),
+            releases=int(row["releases"]),
+            incomplete_releases=int(row["incomplete_releases"]),
         )
 
     async def retire_campaign(self, campaign_id: str) -> int:

@@ -103,6 +103,8 @@ def answer_json(answer: pb.QueryResponse, truth: Sequence[int] | None = None) ->
         "delta": privacy.delta,
         "smallest_batch": int(privacy.smallest_batch),
         "batches": int(privacy.batches),
+        "releases": int(privacy.releases),
+        "incomplete_releases": int(privacy.incomplete_releases),
         "batch_target": int(privacy.batch_target),
         "below_n_min_authorised": privacy.below_n_min_authorised,
         "privacy_note": privacy.note,

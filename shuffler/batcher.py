@@ -3,7 +3,8 @@
 A campaign is released when its batch target is reached, when its window closes (if at least
 n_min are held; otherwise they stay held and the operator is told), or when the operator forces
 it. Never on a quiet period, and never below n_min without the operator's override. A campaign
-whose requests must stay whole (multi-message) is cut only between requests (ADR 0014).
+whose requests must stay whole (multi-message) is released as whole requests (ADR 0014); a release
+is one permutation cut into chunks that fit the byte limit (ADR 0023).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -45,24 +46,6 @@ def chunk_sizes(pending: int, max_batch: int, n_min: int) -> list[int]:
     count = max(1, count)
     base, extra = divmod(pending, count)
     return [base + 1 if i < extra else base for i in range(count)]
-
-
-def whole_chunks(segments: Sequence[int], max_batch: int, floor: int) -> list[int]:
-    """Batch sizes that cut only between segments (requests): about ``max_batch`` each, none below
-    ``floor`` (a short last chunk joins the one before). Sums to sum(segments)."""
-    chunks: list[int] = []
-    current = 0
-    for size in segments:
-        if current and current + size > max_batch and current >= floor:
-            chunks.append(current)
-            current = 0
-        current += size
-    if current:
-        if chunks and current < floor:
-            chunks[-1] += current
-        else:
-            chunks.append(current)
-    return chunks
 
 
 @dataclass(frozen=True)
@@ -221,7 +204,8 @@ class Batcher:
         max_batch, floor = self._limits(campaign, floor)
         if campaign.keep_requests_whole:
             if isinstance(self._store, SegmentPaths):
-                segments = await asyncio.to_thread(self._store.pending_segment_counts, campaign.id)
-                return _Plan(whole_chunks(segments, max_batch, floor), True, cause)
+                # Every pending request, as one release: one permutation cut into chunks under the
+                # byte limit, anywhere (the aggregator counts the release whole; ADR 0023).
+                return _Plan(chunk_sizes(pending, max_batch, 1), True, cause)
             return _Plan([pending], False, cause)  # one batch: no request can be split
         return _Plan(chunk_sizes(pending, max_batch, floor), False, cause)

@@ -115,7 +115,15 @@ def raw_ingest_callable(channel: grpc.aio.Channel) -> RawIngest:
 
 def shuffled_batch(record: BatchRecord) -> pb.ShuffledBatch:
     """The wire form of a batch: id, campaign, reports in the stored permuted order, digest."""
-    message = pb.ShuffledBatch(batch_id=record.batch_id, campaign_id=record.campaign_id, digest=record.digest)
+    message = pb.ShuffledBatch(
+        batch_id=record.batch_id,
+        campaign_id=record.campaign_id,
+        digest=record.digest,
+        release_id=record.release_id,
+        chunk_index=record.chunk_index,
+        chunk_count=record.chunk_count,
+        release_messages=record.release_messages,
+    )
     for report in record.reports:
         message.reports.add(
             campaign_id=report.campaign_id, key_id=report.key_id, ciphertext=report.ciphertext

@@ -274,14 +274,48 @@ def shuffled_batch_wire(batch_id: str, campaign_id: str, digest: bytes, columns:
     return bytes(wire)
 
 
+@dataclass(frozen=True)
+class ReleaseChunk:
+    """Where a chunk sits in its release (ADR 0023): one permutation cut into ``count`` chunks."""
+
+    release_id: str
+    index: int
+    count: int
+    messages: int
+
+    def wire(self) -> bytes:
+        """ShuffledBatch fields 9-12 (release id, chunk index, chunk count, release messages)."""
+        out = _field(9, self.release_id.encode("utf-8"))
+        for number, value in ((10, self.index), (11, self.count), (12, self.messages)):
+            out += _varint(number << 3) + _varint(value) if value else b""
+        return out
+
+
+def release_slices(
+    take: int, sizes: Sequence[int], permutation: Permutation
+) -> list[tuple[npt.NDArray[np.int64], ReleaseChunk | None]]:
+    """ONE permutation of ``take`` reports cut into consecutive chunks of ``sizes``, each with its
+    place in the release (None when the release is a single batch, the pre-release wire form)."""
+    order = checked_order(permutation(take), take)
+    release_id = new_batch_id() if len(sizes) > 1 else ""
+    out: list[tuple[npt.NDArray[np.int64], ReleaseChunk | None]] = []
+    start = 0
+    for index, size in enumerate(sizes):
+        chunk = ReleaseChunk(release_id, index, len(sizes), take) if release_id else None
+        out.append((order[start : start + size], chunk))
+        start += size
+    return out
+
+
 def batch_wire(
     batch_id: str,
     campaign_id: str,
     columns: Columns,
     order: npt.NDArray[np.int64],
     digest: bytes | None = None,
+    release: ReleaseChunk | None = None,
 ) -> tuple[bytearray, bytes]:
-    """(serialised ShuffledBatch, digest) of the reports ``columns[order]``.
+    """(serialised ShuffledBatch, digest) of the reports ``columns[order]``, with its release place.
 
     The permuted ciphertexts are copied once, straight into the message; the manifest digest is
     computed over them (``digest`` given: trusted and used as is). The digest field is written
@@ -289,6 +323,7 @@ def batch_wire(
     """
     campaign = campaign_id.encode("utf-8")
     head = _field(1, batch_id.encode("utf-8")) + _field(2, campaign)
+    head += release.wire() if release is not None else b""
     width = columns.width()
     count = int(order.size)
     keys = columns.key_ids[order] if count else columns.key_ids[:0]
@@ -305,12 +340,7 @@ def batch_wire(
             columns.data.reshape(columns.count, width), order, axis=0, out=rows[:, len(prefix) :], mode="clip"
         )
         if digest is None:
-            framed = np.empty((count, 4 + width), dtype=np.uint8)
-            framed[:, :4] = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
-            framed[:, 4:] = rows[:, len(prefix) :]
-            hashed = hashlib.sha256(_DIGEST_DOMAIN)
-            hashed.update(framed.data)
-            digest = hashed.digest()
+            digest = _framed_digest(rows[:, len(prefix) :], width)
     else:
         chunk = columns.take(order)
         digest = chunk.digest() if digest is None else digest
@@ -324,6 +354,23 @@ def batch_wire(
     return wire, digest
 
 
+_DIGEST_BLOCK: Final = 65536
+"""Rows framed and hashed at a time: the digest needs no second copy of a 48 MiB batch."""
+
+
+def _framed_digest(rows: npt.NDArray[np.uint8], width: int) -> bytes:
+    """``core.batches.batch_digest`` of equal-width ciphertext rows, framed block by block."""
+    hashed = hashlib.sha256(_DIGEST_DOMAIN)
+    length = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
+    for start in range(0, rows.shape[0], _DIGEST_BLOCK):
+        block = rows[start : start + _DIGEST_BLOCK]
+        framed = np.empty((block.shape[0], 4 + width), dtype=np.uint8)
+        framed[:, :4] = length
+        framed[:, 4:] = block
+        hashed.update(framed.data)
+    return hashed.digest()
+
+
 def parse_batch_wire(wire: bytes | bytearray) -> BatchRecord:
     """The batch record a stored ShuffledBatch message describes (the slow path, for the API)."""
     message = pb.ShuffledBatch.FromString(bytes(wire))
@@ -332,6 +379,10 @@ def parse_batch_wire(wire: bytes | bytearray) -> BatchRecord:
         campaign_id=message.campaign_id,
         reports=tuple(Envelope(r.campaign_id, r.key_id, r.ciphertext) for r in message.reports),
         digest=message.digest,
+        release_id=message.release_id,
+        chunk_index=message.chunk_index,
+        chunk_count=message.chunk_count,
+        release_messages=message.release_messages,
     )
 
 
@@ -365,6 +416,82 @@ def _create_with_large_pages(path: Path) -> None:
         db.execute("PRAGMA journal_mode=WAL")
     finally:
         db.close()
+
+
+def _oldest_segments(db: sqlite3.Connection, campaign_id: str, limit: int) -> tuple[list[int], int, int]:
+    """(seqs, reports, ciphertext bytes) of the oldest pending segments reaching ``limit`` reports."""
+    seqs: list[int] = []
+    total = size = 0
+    for seq, count, length in db.execute(
+        "SELECT seq, report_count, length(ciphertexts) FROM pending_segments"
+        " WHERE campaign_id = ? ORDER BY seq",
+        (campaign_id,),
+    ):
+        seqs.append(int(seq))
+        total += int(count)
+        size += int(length)
+        if total >= limit:
+            break
+    return seqs, total, size
+
+
+def _split_newest(db: sqlite3.Connection, seq: int, keep_pending: int) -> Columns:
+    """Leave the last ``keep_pending`` reports of segment ``seq`` pending; return the others (a copy)."""
+    row = db.execute(
+        "SELECT key_ids, lengths, ciphertexts FROM pending_segments WHERE seq = ?", (seq,)
+    ).fetchone()
+    stored = Columns.load(row[0], row[1], row[2])
+    head, rest = stored.split(stored.count - keep_pending)
+    key_ids, lengths, data = rest.blobs()
+    db.execute(
+        "UPDATE pending_segments SET report_count = ?, key_ids = ?, lengths = ?, ciphertexts = ?"
+        " WHERE seq = ?",
+        (rest.count, key_ids, lengths, data, seq),
+    )
+    return Columns(head.key_ids.copy(), head.lengths.copy(), head.data.copy())
+
+
+def _segments(
+    db: sqlite3.Connection, campaign_id: str, last: int | None, tail: Columns | None
+) -> Iterator[Columns]:
+    """The release's reports segment by segment, in stored order (rows up to ``last``, then ``tail``)."""
+    if last is not None:
+        for key_ids, lengths, data in db.execute(
+            "SELECT key_ids, lengths, ciphertexts FROM pending_segments"
+            " WHERE campaign_id = ? AND seq <= ? ORDER BY seq",
+            (campaign_id, last),
+        ):
+            yield Columns.load(key_ids, lengths, data)
+    if tail is not None:
+        yield tail
+
+
+def _gather(
+    db: sqlite3.Connection,
+    campaign_id: str,
+    last: int | None,
+    tail: Columns | None,
+    own: npt.NDArray[np.int64],
+) -> tuple[Columns, npt.NDArray[np.int64]]:
+    """The reports at release positions ``own`` (in stored order) and the order that puts them in
+    the permuted order ``own``: one pass over the segments, keeping only this chunk's rows."""
+    by_position = np.argsort(own, kind="stable")
+    wanted = own[by_position]
+    pieces: list[Columns] = []
+    base = 0
+    for segment in _segments(db, campaign_id, last, tail):
+        low, high = np.searchsorted(wanted, [base, base + segment.count])
+        if high > low:
+            pieces.append(segment.take(wanted[low:high] - base))
+        base += segment.count
+    rows = (
+        Columns.concat(pieces)
+        if pieces
+        else Columns(own[:0].astype(U32), own[:0].astype(U32), np.empty(0, np.uint8))
+    )
+    if rows.count != own.size:
+        raise RuntimeError("pending segments changed while a release was formed")
+    return rows, np.argsort(by_position).astype(np.int64)
 
 
 @dataclass
@@ -565,60 +692,31 @@ class SegmentSpool(SpoolDatabase):
     ) -> list[FormedBatch]:
         """Take up to ``limit`` oldest reports (none if fewer than ``at_least``), permute, slice, store.
 
-        ``whole``: the sizes fall on segment boundaries and each batch is permuted on its own, so a
-        request's reports all land in one batch (multi-message campaigns).
+        ONE permutation of everything taken, cut into chunks of ``sizes`` (ADR 0023). ``whole``: the
+        release ends on a segment boundary, so a request's reports all land in one release.
         """
         formed: list[FormedBatch] = []
 
         def work(db: sqlite3.Connection) -> None:
-            cursor = db.execute(
-                "SELECT seq, report_count, key_ids, lengths, ciphertexts FROM pending_segments"
-                " WHERE campaign_id = ? ORDER BY seq",
-                (campaign_id,),
-            )
-            parts: list[Columns] = []
-            seqs: list[int] = []
-            total = 0
-            for seq, count, key_ids, lengths, data in cursor:
-                parts.append(Columns.load(key_ids, lengths, data))
-                seqs.append(int(seq))
-                total += int(count)
-                if total >= limit:
-                    break
-            cursor.close()
-            if not parts or total < at_least:
+            seqs, total, _ = _oldest_segments(db, campaign_id, limit)
+            if not seqs or total < at_least:
                 return
             take = min(limit, total)
-            taken = Columns.concat(parts)
-            parts.clear()  # the stored blobs can go once copied (memory: ~2x the batch at the peak)
-            if total > take:  # the newest segment stays partly pending
-                taken, rest = taken.split(take)
-                key_ids, lengths, data = rest.blobs()
-                db.execute(
-                    "UPDATE pending_segments SET report_count = ?, key_ids = ?, lengths = ?, ciphertexts = ?"
-                    " WHERE seq = ?",
-                    (rest.count, key_ids, lengths, data, seqs[-1]),
-                )
-                seqs.pop()
             if whole and total > take:
                 raise ValueError("batch sizes do not fall on request boundaries")
-            order = None if whole else checked_order(permutation(take), take)
-            start = 0
-            for size in sizes or [take]:
+            tail = None
+            if total > take:  # the newest segment stays partly pending: keep its head in memory
+                tail = _split_newest(db, seqs.pop(), total - take)
+            # ONE permutation of the whole release, cut into chunks (ADR 0023). Each chunk is
+            # gathered by one pass over the stored segments, so memory is a chunk, not the release.
+            for own, chunk in release_slices(take, sizes or [take], permutation):
                 batch_id = new_batch_id()
-                if order is None:
-                    own = checked_order(permutation(size), size) + start
-                    wire, digest = batch_wire(batch_id, campaign_id, taken, own)
-                    start += size
-                    self._insert_batch(db, batch_id, campaign_id, size, digest, wire)
-                    formed.append(FormedBatch(batch_id, campaign_id, size, digest, wire))
-                    continue
-                # The permuted ciphertexts go straight into the message that will be forwarded.
-                wire, digest = batch_wire(batch_id, campaign_id, taken, order[start : start + size])
-                start += size
-                self._insert_batch(db, batch_id, campaign_id, size, digest, wire)
-                formed.append(FormedBatch(batch_id, campaign_id, size, digest, wire))
-            del taken
+                rows, order = _gather(db, campaign_id, seqs[-1] if seqs else None, tail, own)
+                wire, digest = batch_wire(batch_id, campaign_id, rows, order, release=chunk)
+                del rows
+                self._insert_batch(db, batch_id, campaign_id, int(own.size), digest, wire)
+                formed.append(FormedBatch(batch_id, campaign_id, int(own.size), digest, b""))
+                del wire
             if seqs:
                 db.execute(
                     "DELETE FROM pending_segments WHERE campaign_id = ? AND seq <= ?", (campaign_id, seqs[-1])
@@ -631,9 +729,10 @@ class SegmentSpool(SpoolDatabase):
             raise
         return formed
 
-    @staticmethod
-    def _record(batch: FormedBatch) -> BatchRecord:
-        return parse_batch_wire(batch.wire)
+    def _record(self, batch: FormedBatch) -> BatchRecord:
+        """The formed batch as a record (read back: its wire bytes are not kept after storing)."""
+        stored = self.load_batch(batch.batch_id) if not batch.wire else None
+        return stored if stored is not None else parse_batch_wire(batch.wire)
 
     def form_batch(
         self, campaign_id: str, max_reports: int, permutation: Permutation, min_reports: int = 1

@@ -18,7 +18,7 @@ from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterce
 from deniable.core.errors import ConfigurationError
 from deniable.core.health import Check, HealthMonitor
 from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
-from deniable.shuffler.batcher import Batcher
+from deniable.shuffler.batcher import MAX_BATCH_BYTES, Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import BatchForwarder, Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
@@ -67,6 +67,7 @@ class ShufflerConfig:
     listen: str = "127.0.0.1:7701"
     batch_interval_s: float = 0.5
     max_batch_reports: int = 50_000
+    max_batch_bytes: int = MAX_BATCH_BYTES  # one chunk of a release (ADR 0023); smaller only for tests
     max_reports_per_request: int = 10_000
     max_message_bytes: int = service.MAX_MESSAGE_BYTES
     max_concurrent_rpcs: int = service.DEFAULT_MAX_CONCURRENT_RPCS
@@ -250,7 +251,13 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             refresh_interval_s=config.campaign_refresh_s,
             ttl_s=config.campaign_ttl_s,
         )
-        batcher = Batcher(store, directory, max_batch_reports=config.max_batch_reports, metrics=metrics)
+        batcher = Batcher(
+            store,
+            directory,
+            max_batch_reports=config.max_batch_reports,
+            max_batch_bytes=config.max_batch_bytes,
+            metrics=metrics,
+        )
         forwarder: BatchForwarder = Forwarder(
             store,
             upstream,

@@ -42,6 +42,10 @@ class BatchRecord:
     campaign_id: str
     reports: tuple[Envelope, ...]
     digest: bytes
+    release_id: str = ""
+    chunk_index: int = 0
+    chunk_count: int = 0
+    release_messages: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from deniable.shuffler.segments import (
     Columns,
     FormedBatch,
     batch_wire,
-    checked_order,
     parse_batch_wire,
+    release_slices,
 )
 from deniable.shuffler.spool import (
     BatchRecord,
@@ -196,7 +196,7 @@ class PostgresSpool:
     ) -> list[FormedBatch]:
         """Under the campaign's advisory lock: take up to ``limit`` oldest reports, permute, store.
 
-        ``whole``: each batch is permuted on its own and must end on a request (segment) boundary;
+        ``whole``: the release must end on a request (segment) boundary;
         if the oldest segments no longer fit the sizes (another shuffler formed batches since they
         were planned), nothing is formed.
         """
@@ -206,7 +206,7 @@ class PostgresSpool:
             total = sum(int(h[1]) for h in heads)
             if not heads or total < at_least:
                 return []
-            if whole and not _on_boundaries([int(h[1]) for h in heads], sizes or [total]):
+            if whole and not _on_boundaries([int(h[1]) for h in heads], [sum(sizes)] if sizes else [total]):
                 return []
             seqs = [int(h[0]) for h in heads]
             rows = await db.fetch(
@@ -225,19 +225,12 @@ class PostgresSpool:
                     *(bytes(b) for b in rest.blobs()),
                     seqs.pop(),
                 )
-            order = None if whole else checked_order(permutation(take), take)
             formed: list[FormedBatch] = []
-            start = 0
-            for size in sizes or [take]:
+            # ONE permutation of the whole release, cut into chunks (ADR 0023).
+            for own, chunk in release_slices(take, sizes or [take], permutation):
                 batch_id = new_batch_id()
-                own = (
-                    checked_order(permutation(size), size) + start
-                    if order is None
-                    else order[start : start + size]
-                )
-                wire, digest = batch_wire(batch_id, campaign_id, taken, own)
-                start += size
-                formed.append(FormedBatch(batch_id, campaign_id, size, digest, wire))
+                wire, digest = batch_wire(batch_id, campaign_id, taken, own, release=chunk)
+                formed.append(FormedBatch(batch_id, campaign_id, int(own.size), digest, wire))
             await db.executemany(
                 "INSERT INTO shuffler_batches (batch_id, campaign_id, report_count, digest, wire)"
                 " VALUES ($1, $2, $3, $4, $5)",

@@ -223,3 +223,72 @@ async def test_a_multi_message_batch_with_too_few_devices_is_refused(
         await handlers.ingest_batch(kit.batch_of(campaign.id, device + junk, "few"))
     answer = await handlers.query(pb.QueryRequest(campaign_id="bc"), binary=False)
     assert answer.n == 0 and answer.rejected == 0  # nothing counted, not even the rejections
+
+
+def _chunk(batch: pb.ShuffledBatch, release: str, index: int, count: int, messages: int) -> pb.ShuffledBatch:
+    """The batch as chunk ``index`` of ``count`` of a release of ``messages`` (ADR 0023)."""
+    batch.release_id, batch.chunk_index, batch.chunk_count, batch.release_messages = (
+        release,
+        index,
+        count,
+        messages,
+    )
+    return batch
+
+
+async def test_a_release_spanning_chunks_is_counted_whole_and_stated_once_complete(
+    handlers: AggregatorHandlers, kit
+) -> None:
+    """Multi-message: devices' shares span chunks of one release. Each chunk alone would be refused
+    as a split batch; as chunks they are held, a query meanwhile answers from complete releases
+    (zero here, never INTERNAL), and the release is stated at its total once its last chunk is in.
+    A chunk claiming another total is FAILED_PRECONDITION and counts nothing."""
+    campaign = await handlers.create_campaign(
+        kit.binary_request("sum", mechanism=pb.MULTI_MESSAGE_SUM_BINOMIAL, n_min=1, params=MMS_PARAMS)
+    )
+    randomiser = randomiser_for(campaign)
+    messages = [m for v in (0, 1, 1, 0) for m in randomiser.split_messages(randomiser.randomise(v))]
+    sealed = [kit.seal(campaign, payload=p).report for p in messages]
+    cut = len(sealed) // 2 + 1  # inside a device: each half alone is not whole devices
+    first = _chunk(kit.batch_of(campaign.id, sealed[:cut], "c0"), "R", 0, 2, len(sealed))
+    second = _chunk(kit.batch_of(campaign.id, sealed[cut:], "c1"), "R", 1, 2, len(sealed))
+    with pytest.raises(FailedPrecondition, match="split"):  # the same half as a batch of its own
+        await handlers.ingest_batch(kit.batch_of(campaign.id, sealed[:cut], "alone"))
+    await handlers.ingest_batch(first)
+    answer = await handlers.query(pb.QueryRequest(campaign_id="sum"), binary=True)
+    assert (answer.n, answer.privacy.smallest_batch, answer.privacy.releases) == (0, 0, 0)
+    assert answer.privacy.incomplete_releases == 1
+    liar = _chunk(kit.batch_of(campaign.id, sealed[cut:], "liar"), "R", 1, 2, 10 * len(sealed))
+    with pytest.raises(FailedPrecondition, match="claims"):
+        await handlers.ingest_batch(liar)
+    await handlers.ingest_batch(second)
+    answer = await handlers.query(pb.QueryRequest(campaign_id="sum"), binary=True)
+    assert (answer.n, answer.messages, answer.privacy.smallest_batch) == (4, len(sealed), 4)
+    assert (answer.privacy.batches, answer.privacy.releases, answer.privacy.incomplete_releases) == (1, 1, 0)
+
+
+async def test_n_min_applies_to_the_release_and_a_short_release_is_refused_at_its_end(
+    handlers: AggregatorHandlers, kit
+) -> None:
+    """A chunk below n_min is accepted when its release's total is not; a complete multi-message
+    release with a device missing shares is refused at its last chunk, and nothing is counted."""
+    campaign = await handlers.create_campaign(
+        kit.binary_request("sum", mechanism=pb.MULTI_MESSAGE_SUM_BINOMIAL, n_min=3, params=MMS_PARAMS)
+    )
+    randomiser = randomiser_for(campaign)
+    messages = [m for v in (0, 1, 1, 0) for m in randomiser.split_messages(randomiser.randomise(v))]
+    sealed = [kit.seal(campaign, payload=p).report for p in messages]
+    with pytest.raises(FailedPrecondition, match="n_min"):  # a release claiming fewer than n_min
+        await handlers.ingest_batch(_chunk(kit.batch_of(campaign.id, sealed[:2], "s0"), "S", 0, 2, 4))
+    await handlers.ingest_batch(
+        _chunk(kit.batch_of(campaign.id, sealed[:2], "t0"), "T", 0, 2, len(sealed) - 1)
+    )
+    with pytest.raises(FailedPrecondition, match="refused"):
+        await handlers.ingest_batch(
+            _chunk(kit.batch_of(campaign.id, sealed[2:-1], "t1"), "T", 1, 2, len(sealed) - 1)
+        )
+    answer = await handlers.query(pb.QueryRequest(campaign_id="sum"), binary=True)
+    assert (answer.n, answer.privacy.incomplete_releases) == (0, 1)
+    for bad in ((0, 0, 5), (2, 2, 5), (0, 2, 1)):  # no chunks, index out of range, total below the chunk
+        with pytest.raises(InvalidRequest):
+            await handlers.ingest_batch(_chunk(kit.batch_of(campaign.id, sealed[:2], "bad"), "B", *bad))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict
 from deniable.aggregator.store import (
     AggregatorStore,
     BatchConflict,
@@ -374,3 +375,94 @@ async def test_retiring_forgets_ids_and_refuses_replays(open_store: StoreOpener)
     assert await store.report_id_count("c1") == 0
     with pytest.raises(UnknownCampaign):
         await store.retire_campaign("missing")
+
+
+# --- release accounting (ADR 0023) --------------------------------------------------------------
+
+
+async def ingest_chunk(
+    store: AggregatorStore,
+    batch_id: str,
+    valid: Sequence[tuple[bytes, bytes]],
+    chunk: ReleaseChunk,
+    check: ReleaseCheck | None = None,
+) -> IngestOutcome:
+    return await store.ingest(
+        batch_id=batch_id,
+        campaign_id="c1",
+        digest=b"d" + batch_id.encode(),
+        batch_size=len(valid),
+        valid_reports=valid,
+        rejected={},
+        count_cells=count_cells,
+        cells=CELLS,
+        release=chunk,
+        check_release=check,
+    )
+
+
+async def test_a_release_is_counted_only_once_every_chunk_is_in(store: AggregatorStore) -> None:
+    """Chunks are held apart: n, counts and the smallest batch change only at the last chunk, and
+    then by the release's total (a chunk below the total is not a shuffle of its own)."""
+    await store.create_campaign(campaign())
+    await ingest(store, "plain", reports([0] * 20))
+    parts = [reports([0] * 4 + [1] * 3), reports([2] * 5), reports([1] * 8)]
+    total = sum(map(len, parts))
+    for index, part in enumerate(parts[:2]):
+        await ingest_chunk(store, f"r{index}", part, ReleaseChunk("R", index, 3, total))
+        snap = await store.snapshot("c1", CELLS)
+        assert (snap.n, snap.counts, snap.batches, snap.smallest_batch) == (20, [20, 0, 0], 1, 20)
+        assert (snap.releases, snap.incomplete_releases) == (0, 1)
+    again = await ingest_chunk(store, "r1", parts[1], ReleaseChunk("R", 1, 3, total))
+    assert again.duplicate_batch  # a retried chunk is idempotent on its batch id
+    await ingest_chunk(store, "r2", parts[2], ReleaseChunk("R", 2, 3, total))
+    snap = await store.snapshot("c1", CELLS)
+    assert (snap.n, snap.counts, snap.batches, snap.smallest_batch) == (40, [24, 11, 5], 2, 20)
+    assert (snap.releases, snap.incomplete_releases) == (1, 0)
+
+
+async def test_chunks_that_disagree_on_their_release_count_nothing(store: AggregatorStore) -> None:
+    """A chunk claiming another total or chunk count, a repeated index, or a release whose chunks do
+    not add up to its claimed total: ReleaseConflict, and the offending chunk leaves no trace."""
+    await store.create_campaign(campaign())
+    await ingest_chunk(store, "a0", reports([0] * 5), ReleaseChunk("R", 0, 2, 10))
+    with pytest.raises(ReleaseConflict):
+        await ingest_chunk(store, "a1", reports([1] * 5), ReleaseChunk("R", 1, 2, 11))
+    with pytest.raises(ReleaseConflict):
+        await ingest_chunk(store, "a1", reports([1] * 5), ReleaseChunk("R", 1, 3, 10))
+    with pytest.raises(ReleaseConflict):
+        await ingest_chunk(store, "a1", reports([1] * 5), ReleaseChunk("R", 0, 2, 10))
+    with pytest.raises(ReleaseConflict):  # the last chunk, but 9 messages instead of the 10 claimed
+        await ingest_chunk(store, "a1", reports([1] * 4), ReleaseChunk("R", 1, 2, 10))
+    assert await store.find_batch("a1") is None
+    snap = await store.snapshot("c1", CELLS)
+    assert (snap.n, snap.counts, snap.batches, snap.incomplete_releases) == (0, [0, 0, 0], 0, 1)
+    await ingest_chunk(store, "a1", reports([1] * 5), ReleaseChunk("R", 1, 2, 10))
+    snap = await store.snapshot("c1", CELLS)
+    assert (snap.n, snap.counts, snap.smallest_batch, snap.releases) == (10, [5, 5, 0], 10, 1)
+
+
+async def test_a_claimed_huge_release_is_never_stated(store: AggregatorStore) -> None:
+    """A shuffler claiming a million-message release but sending 10 messages states nothing."""
+    await store.create_campaign(campaign())
+    await ingest_chunk(store, "h0", reports([0] * 10), ReleaseChunk("H", 0, 2, 1_000_000))
+    snap = await store.snapshot("c1", CELLS)
+    assert (snap.n, snap.smallest_batch, snap.batches, snap.incomplete_releases) == (0, 0, 0, 1)
+
+
+async def test_a_complete_release_the_check_refuses_counts_nothing(store: AggregatorStore) -> None:
+    """``check_release`` sees the whole release's counts; a refusal rolls back the last chunk."""
+    await store.create_campaign(campaign())
+    seen: list[tuple[list[int], int]] = []
+
+    def refuse(counts: Sequence[int], messages: int) -> str | None:
+        seen.append((list(counts), messages))
+        return "not whole devices"
+
+    await ingest_chunk(store, "x0", reports([0] * 3), ReleaseChunk("X", 0, 2, 6), refuse)
+    assert seen == []  # not complete yet
+    with pytest.raises(ReleaseConflict, match="not whole devices"):
+        await ingest_chunk(store, "x1", reports([2] * 3), ReleaseChunk("X", 1, 2, 6), refuse)
+    assert seen == [([3, 0, 3], 6)]
+    snap = await store.snapshot("c1", CELLS)
+    assert (snap.n, snap.counts, snap.releases) == (0, [0, 0, 0], 0)

@@ -91,3 +91,64 @@ async def test_split_and_mix_sum_in_many_batches_counts_every_device(tmp_path: P
         await channel.close()
         await shuffler.stop()
         await aggregator.stop()
+
+
+async def test_a_release_larger_than_a_batch_is_one_shuffle_stated_at_its_total(tmp_path: Path) -> None:
+    """The short version of the defaults demo of multi_message_histogram (ADR 0023): a release
+    several times one batch's byte limit travels as chunks of one permutation, and the aggregator
+    states it at its total (every device), as one batch; before, each chunk was its own shuffle
+    and the statement was at the smallest chunk."""
+    aggregator = await start_aggregator(
+        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", insecure=True)
+    )
+    shuffler = await start_shuffler(
+        ShufflerConfig(
+            data_dir=tmp_path / "shuf",
+            upstream=aggregator.address,
+            listen="127.0.0.1:0",
+            insecure=True,
+            quota_per_source=0,
+            batch_interval_s=3600.0,  # released by the flush below
+            max_batch_bytes=40_000,  # about 200 messages of 144 + 32 bytes per chunk
+        )
+    )
+    channel = insecure_channel(aggregator.address)
+    transport = GrpcTransport(shuffler.address, insecure=True)
+    outbox = Outbox(tmp_path / "outbox.db")
+    try:
+        operator = pb_grpc.AggregatorStub(channel)
+        request = pb.CreateCampaignRequest(
+            id="sum",
+            question="Did it?",
+            kind=pb.BINARY,
+            mechanism=pb.MULTI_MESSAGE_SUM,
+            epsilon0=2.0,
+            n_min=10,
+            batch_target=DEVICES,
+            params={"expected_n": float(DEVICES)},
+        )
+        await operator.CreateCampaign(request, timeout=60)
+        reporter = await Reporter.fetch("sum", transport, outbox, insecure_skip_verify=True)
+        reporter.record_many([i % 2 for i in range(DEVICES)])
+        sent = await reporter.send_pending()
+        assert sent.pending == 0 and sent.rejected == 0, sent
+        await operator.CloseCampaign(pb.KeyCloseCampaignRequest(campaign_id="sum"), timeout=30)
+        flushed = await shuffler.flush("sum")
+        messages = reporter.randomiser.messages_per_device
+        assert messages is not None and flushed.reports_forwarded == DEVICES * messages
+        assert shuffler.metrics.batches_forwarded._value.get() >= 4  # several chunks
+        final = await operator.BinarySum(pb.QueryRequest(campaign_id="sum"), timeout=30)
+        assert (final.n, final.messages) == (DEVICES, DEVICES * messages)
+        assert (final.privacy.smallest_batch, final.privacy.batches, final.privacy.releases) == (
+            DEVICES,
+            1,
+            1,
+        )
+        assert final.privacy.incomplete_releases == 0
+        assert "below the campaign's batch target" not in final.privacy.note
+    finally:
+        outbox.close()
+        await transport.close()
+        await channel.close()
+        await shuffler.stop()
+        await aggregator.stop()

@@ -162,22 +162,25 @@ def test_a_database_gone_is_spool_unavailable_like_a_full_disk(postgres_server: 
         spool.close()
 
 
-def test_whole_requests_stay_in_one_batch_and_a_stale_plan_forms_nothing(dsn: str) -> None:
-    """Multi-message campaigns: batches end on request boundaries, each permuted on its own; sizes
-    planned before another shuffler moved requests no longer fit, so nothing is formed."""
+def test_whole_requests_stay_in_one_release_and_a_stale_plan_forms_nothing(dsn: str) -> None:
+    """Multi-message campaigns: a release ends on a request boundary and is ONE permutation cut into
+    chunks (ADR 0023; before, each batch was permuted on its own and ended on a boundary); a plan
+    whose total no longer ends on a boundary (another shuffler moved requests) forms nothing."""
     spool = PostgresSpool(dsn)
     try:
         first, second = reports(3, 0), reports(4, 3)
         spool.append(first)
         spool.append(second)
         assert spool.pending_segment_counts("a") == [3, 4]
-        assert spool.form_batch_sizes("a", [4, 3], default_rng().permutation, whole=True) == []
+        assert spool.form_batch_sizes("a", [2, 3], default_rng().permutation, whole=True) == []
         assert spool.pending_count("a") == 7
-        one, two = spool.form_batch_sizes("a", [3, 4], default_rng().permutation, whole=True)
+        one, two = spool.form_batch_sizes("a", [4, 3], default_rng().permutation, whole=True)
         loaded = [spool.load_batch(b.batch_id) for b in (one, two)]
         assert loaded[0] is not None and loaded[1] is not None
-        assert sorted(r.ciphertext for r in loaded[0].reports) == sorted(e.ciphertext for e in first)
-        assert sorted(r.ciphertext for r in loaded[1].reports) == sorted(e.ciphertext for e in second)
+        every = sorted(r.ciphertext for b in loaded if b is not None for r in b.reports)
+        assert every == sorted(e.ciphertext for e in [*first, *second])
+        assert loaded[0].release_id == loaded[1].release_id != ""
+        assert [(b.chunk_index, b.chunk_count, b.release_messages) for b in loaded] == [(0, 2, 7), (1, 2, 7)]
     finally:
         spool.close()
 

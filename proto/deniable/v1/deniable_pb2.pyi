@@ -564,11 +564,27 @@ class ShuffledBatch(google.protobuf.message.Message):
     CAMPAIGN_ID_FIELD_NUMBER: builtins.int
     REPORTS_FIELD_NUMBER: builtins.int
     DIGEST_FIELD_NUMBER: builtins.int
+    RELEASE_ID_FIELD_NUMBER: builtins.int
+    CHUNK_INDEX_FIELD_NUMBER: builtins.int
+    CHUNK_COUNT_FIELD_NUMBER: builtins.int
+    RELEASE_MESSAGES_FIELD_NUMBER: builtins.int
     batch_id: builtins.str
     """stable across retries: ingestion is idempotent on it"""
     campaign_id: builtins.str
     digest: builtins.bytes
     """SHA-256 over the ordered ciphertexts (manifest)"""
+    release_id: builtins.str
+    """--- release ---
+    A release is one permutation of everything the shuffler released together, cut into chunks
+    that fit the byte limit (ADR 0023). Unset (empty release_id): the batch is its own release.
+    random, stable across retries
+    """
+    chunk_index: builtins.int
+    """0 .. chunk_count - 1"""
+    chunk_count: builtins.int
+    """chunks in the release"""
+    release_messages: builtins.int
+    """messages in the whole release (sum over its chunks)"""
     @property
     def reports(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___EncryptedReport]: ...
     def __init__(
@@ -578,8 +594,12 @@ class ShuffledBatch(google.protobuf.message.Message):
         campaign_id: builtins.str = ...,
         reports: collections.abc.Iterable[Global___EncryptedReport] | None = ...,
         digest: builtins.bytes = ...,
+        release_id: builtins.str = ...,
+        chunk_index: builtins.int = ...,
+        chunk_count: builtins.int = ...,
+        release_messages: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["batch_id", b"batch_id", "campaign_id", b"campaign_id", "digest", b"digest", "reports", b"reports"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_id", b"batch_id", "campaign_id", b"campaign_id", "chunk_count", b"chunk_count", "chunk_index", b"chunk_index", "digest", b"digest", "release_id", b"release_id", "release_messages", b"release_messages", "reports", b"reports"]) -> None: ...
 
 Global___ShuffledBatch: typing_extensions.TypeAlias = ShuffledBatch
 
@@ -852,6 +872,8 @@ class PrivacyStatement(google.protobuf.message.Message):
     BATCHES_FIELD_NUMBER: builtins.int
     BELOW_N_MIN_AUTHORISED_FIELD_NUMBER: builtins.int
     EPSILON_UNAVAILABLE_FIELD_NUMBER: builtins.int
+    RELEASES_FIELD_NUMBER: builtins.int
+    INCOMPLETE_RELEASES_FIELD_NUMBER: builtins.int
     epsilon0: builtins.float
     """local guarantee of every report"""
     central_epsilon: builtins.float
@@ -883,6 +905,12 @@ class PrivacyStatement(google.protobuf.message.Message):
     """the operator authorised batches below n_min for this campaign"""
     epsilon_unavailable: builtins.str
     """why no finite central epsilon can be stated (central_epsilon is then inf)"""
+    releases: builtins.int
+    """--- release ---
+    complete releases counted (a release's chunks all committed)
+    """
+    incomplete_releases: builtins.int
+    """releases with chunks still missing: nothing of them is counted yet"""
     def __init__(
         self,
         *,
@@ -900,8 +928,10 @@ class PrivacyStatement(google.protobuf.message.Message):
         batches: builtins.int = ...,
         below_n_min_authorised: builtins.bool = ...,
         epsilon_unavailable: builtins.str = ...,
+        releases: builtins.int = ...,
+        incomplete_releases: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "batch_target", b"batch_target", "batches", b"batches", "below_n_min_authorised", b"below_n_min_authorised", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "epsilon_unavailable", b"epsilon_unavailable", "evaluated_n", b"evaluated_n", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "note", b"note", "smallest_batch", b"smallest_batch"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["amplified", b"amplified", "analysis", b"analysis", "batch_target", b"batch_target", "batches", b"batches", "below_n_min_authorised", b"below_n_min_authorised", "central_epsilon", b"central_epsilon", "delta", b"delta", "epsilon0", b"epsilon0", "epsilon_unavailable", b"epsilon_unavailable", "evaluated_n", b"evaluated_n", "incomplete_releases", b"incomplete_releases", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "note", b"note", "releases", b"releases", "smallest_batch", b"smallest_batch"]) -> None: ...
 
 Global___PrivacyStatement: typing_extensions.TypeAlias = PrivacyStatement
 
