@@ -152,7 +152,8 @@ async def open_store(spec: str | None, data_dir: Path) -> AggregatorStore:
     """
     if not spec:
         return SqliteAggregatorStore(data_dir / DATABASE_FILE)
-    from deniable.aggregator.store_postgres import PostgresAggregatorStore, is_postgres_dsn
+    from deniable.aggregator.store_postgres import PostgresAggregatorStore
+    from deniable.core.dsn import is_postgres_dsn
 
     if not is_postgres_dsn(spec):
         got = f"a {spec.split('://', 1)[0][:20]}:// URL" if "://" in spec else "no URL"

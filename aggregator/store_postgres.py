@@ -26,7 +26,6 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from typing import Final
-from urllib.parse import urlsplit
 
 import asyncpg
 import numpy as np
@@ -47,12 +46,12 @@ from deniable.aggregator.store import (
     UnknownCampaign,
     closed_split,
 )
+from deniable.core.dsn import describe_dsn, is_postgres_dsn, one_line
 from deniable.core.errors import ConfigurationError
 from deniable.v1 import deniable_pb2 as pb
 
 SCHEMA_VERSION: Final = 1
 """Version of the PostgreSQL schema below (independent of the SQLite one)."""
-DSN_SCHEMES: Final = ("postgresql", "postgres")
 PING_TIMEOUT_S: Final = 2.0
 DEFAULT_POOL_SIZE: Final = 8
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -154,29 +153,6 @@ FROM campaigns c WHERE c.id = $1
 """One statement, so one snapshot: counts, n and rejections always belong together."""
 
 
-def describe_dsn(dsn: str) -> str:
-    """The DSN without password or query string, safe to log and to show in errors."""
-    try:
-        parts = urlsplit(dsn)
-        netloc = parts.netloc.rpartition("@")
-        user = netloc[0].partition(":")[0]
-        where = f"{user}@{netloc[2]}" if user else netloc[2]
-        return f"{parts.scheme}://{where}{parts.path}"
-    except ValueError:
-        return "(unparseable DSN)"
-
-
-def is_postgres_dsn(spec: str) -> bool:
-    """Whether ``spec`` names a PostgreSQL database (``postgresql://`` or ``postgres://``)."""
-    return spec.split("://", 1)[0].lower() in DSN_SCHEMES and "://" in spec
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one line (PostgreSQL messages may carry a detail on further lines)."""
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
-
-
 def _tally(
     count_cells: CountCells, payloads: list[bytes], cells: int, devices: DeviceCount | None
 ) -> tuple[npt.NDArray[np.int64], int | None]:
@@ -241,7 +217,7 @@ class PostgresAggregatorStore:
         try:
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size, timeout=timeout)
         except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise ConfigurationError(f"cannot connect to PostgreSQL at {label}: {_one_line(exc)}") from exc
+            raise ConfigurationError(f"cannot connect to PostgreSQL at {label}: {one_line(exc)}") from exc
         try:
             async with pool.acquire() as connection:
                 await _prepare_schema(connection, label)
@@ -250,7 +226,7 @@ class PostgresAggregatorStore:
             raise
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             await pool.close()
-            raise ConfigurationError(f"cannot prepare PostgreSQL database {label}: {_one_line(exc)}") from exc
+            raise ConfigurationError(f"cannot prepare PostgreSQL database {label}: {one_line(exc)}") from exc
         return cls(pool, label)
 
     def _open_pool(self) -> asyncpg.Pool[asyncpg.Record]:

@@ -20,12 +20,9 @@ import pytest
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.aggregator.server import DATABASE_FILE, open_store
 from deniable.aggregator.store import SqliteAggregatorStore
-from deniable.aggregator.store_postgres import (
-    SCHEMA_VERSION,
-    PostgresAggregatorStore,
-    describe_dsn,
-)
+from deniable.aggregator.store_postgres import SCHEMA_VERSION, PostgresAggregatorStore
 from deniable.cli.main import main
+from deniable.core.dsn import describe_dsn
 from deniable.core.errors import ConfigurationError
 from deniable.core.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
