@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import astutil
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {
     "core": "deniable.core",
@@ -75,7 +77,7 @@ def resolve_from(module: Module, node: ast.ImportFrom) -> str:
 def analyse(name: str, source: str, is_package: bool = False) -> Module:
     """Imported module names (with candidate submodules) and uses of random/numpy.random."""
     module = Module(name, is_package)
-    tree = ast.parse(source, filename=name)
+    tree = astutil.parse(source, name)
     numpy_names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

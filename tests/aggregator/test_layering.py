@@ -6,12 +6,13 @@ import ast
 from pathlib import Path
 
 import deniable.aggregator
+from tests import astutil
 
 PACKAGE = Path(deniable.aggregator.__file__).parent
 
 
 def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+    tree = astutil.parse(path.read_text(), str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

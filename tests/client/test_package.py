@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import deniable.client.reporter
+from tests import astutil
 
 CLIENT_DIR = Path(deniable.client.reporter.__file__).parent
 FORBIDDEN = ("deniable.shuffler", "deniable.aggregator")
@@ -31,7 +32,7 @@ def test_exports() -> None:
 
 def test_source_never_imports_services() -> None:
     for source in CLIENT_DIR.glob("*.py"):
-        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        for node in ast.walk(astutil.parse(source.read_text(), str(source))):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -54,7 +55,7 @@ def test_loading_the_client_loads_no_service() -> None:
 
 def test_no_insecure_randomness_in_client() -> None:
     for source in CLIENT_DIR.glob("*.py"):
-        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        for node in ast.walk(astutil.parse(source.read_text(), str(source))):
             if isinstance(node, ast.Import):
                 assert all(a.name != "random" and not a.name.startswith("numpy.random") for a in node.names)
             elif isinstance(node, ast.ImportFrom):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from deniable.client import ClientTls, GrpcTransport
 from deniable.v1 import deniable_pb2 as pb
+from tests import astutil
 from tests.sdk_services import binary_campaign, categorical_campaign, counted, running_services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ ALLOWED = {"__future__", "json", "math", "os", "struct", "sys", "fractions", "pa
 def test_the_independent_client_imports_nothing_of_ours() -> None:
     """Only the standard library and cryptography's HPKE and X25519."""
     imported: set[str] = set()
-    for node in ast.walk(ast.parse(CLIENT.read_text())):
+    for node in ast.walk(astutil.parse(CLIENT.read_text(), str(CLIENT))):
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:

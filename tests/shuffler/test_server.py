@@ -17,6 +17,7 @@ import pytest
 from deniable.core.errors import ConfigurationError
 from deniable.shuffler.server import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
+from tests import astutil
 
 SHUFFLER_DIR = Path(__file__).resolve().parents[2] / "shuffler"
 FORBIDDEN = (
@@ -152,7 +153,7 @@ def test_package_exports() -> None:
 
 def _imported_modules(path: Path) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(astutil.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
