@@ -261,3 +261,16 @@ async def test_serve_shuffler_stops_cleanly_on_sigterm(tmp_path: Path, upstream)
     assert child.stderr is not None
     stderr = (await child.stderr.read()).decode()
     assert code == 0, stderr
+
+
+def test_the_ingest_deadline_grows_with_the_batch_so_large_chunks_are_not_cancelled_forever() -> None:
+    """A fixed 30 s deadline cancelled (and resent, forever) chunks that take longer to decrypt on a
+    loaded aggregator; the deadline now adds a per-byte allowance on top of ``deadline_s``."""
+    from deniable.shuffler.forwarder import DECRYPT_BUDGET_S_PER_BYTE, Forwarder
+    from deniable.shuffler.metrics import ShufflerMetrics
+
+    forwarder = Forwarder(SimpleNamespace(), SimpleNamespace(), ShufflerMetrics(), deadline_s=30.0)  # type: ignore[arg-type]
+    assert forwarder.deadline_for(0) == 30.0
+    full_chunk = 48 * 1024 * 1024
+    assert forwarder.deadline_for(full_chunk) == 30.0 + full_chunk * DECRYPT_BUDGET_S_PER_BYTE
+    assert forwarder.deadline_for(full_chunk) > 200.0  # ≈ 10× one core's decrypt time for 48 MiB
