@@ -11,7 +11,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Final
 from wsgiref.simple_server import WSGIServer
 
@@ -230,15 +230,8 @@ class RequestMetricsInterceptor(grpc.aio.ServerInterceptor):
             started = time.perf_counter()
             error: BaseException | None = None
             try:
-                result = behaviour(request, context)
-                if hasattr(result, "__aiter__"):
-                    async for item in result:
-                        yield item
-                elif hasattr(result, "__await__"):
-                    await result
-                else:
-                    for item in result:
-                        yield item
+                async for item in stream_items(behaviour(request, context)):
+                    yield item
             except BaseException as exc:
                 error = exc
                 raise
@@ -246,6 +239,20 @@ class RequestMetricsInterceptor(grpc.aio.ServerInterceptor):
                 self._finish(rpc, context, started, error)
 
         return timed
+
+
+async def stream_items(result: Any) -> AsyncIterator[Any]:
+    """The items of a streaming handler's result, whichever form it took (async generator,
+    coroutine writing through the context, or plain iterable): shared by the metrics and tracing
+    interceptors."""
+    if hasattr(result, "__aiter__"):
+        async for item in result:
+            yield item
+    elif hasattr(result, "__await__"):
+        await result
+    else:
+        for item in result:
+            yield item
 
 
 def code_name(context: Any, error: BaseException | None) -> str:

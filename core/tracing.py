@@ -15,7 +15,7 @@ from typing import Any, Final
 import grpc
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.metrics import code_name
+from deniable.core.metrics import code_name, stream_items
 
 EXTRA_HINT: Final = "tracing needs the otel extra: pip install 'deniable[otel]'"
 
@@ -116,15 +116,8 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
             error: BaseException | None = None
             try:
                 with self._trace.use_span(span, end_on_exit=False, record_exception=False):
-                    result = behaviour(request, context)
-                    if hasattr(result, "__aiter__"):
-                        async for item in result:
-                            yield item
-                    elif hasattr(result, "__await__"):
-                        await result
-                    else:
-                        for item in result:
-                            yield item
+                    async for item in stream_items(behaviour(request, context)):
+                        yield item
             except BaseException as exc:
                 error = exc
                 raise
