@@ -1,4 +1,4 @@
-"""An aggregator worker taking batches from NATS JetStream (optional; see core/jetstream.py).
+"""An aggregator worker taking batches from NATS JetStream (optional; see core/plumbing/jetstream.py).
 
 Every worker pulls from the one durable consumer, one batch at a time: more workers, more
 consumers. A batch is acknowledged only after ``ingest_batch`` committed it (or recognised it as
@@ -17,7 +17,7 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from deniable.aggregator.handlers import AggregatorHandlers, HandlerError, Unavailable
-from deniable.core.jetstream import CONSUMER, DEFAULT_ACK_WAIT_S, SUBJECT
+from deniable.core.plumbing.jetstream import CONSUMER, DEFAULT_ACK_WAIT_S, SUBJECT
 from deniable.v1 import deniable_pb2 as pb
 
 log = logging.getLogger("deniable.aggregator.nats")

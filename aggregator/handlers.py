@@ -40,13 +40,13 @@ from deniable.core import mechanisms
 from deniable.core.accounting import planner
 from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
-from deniable.core.build import version
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
 from deniable.core.crypto import kem_named
 from deniable.core.mechanisms import LocalRandomiser, manipulation
 from deniable.core.mechanisms.base import Estimate, IntArray
-from deniable.core.metrics import reason_label
-from deniable.core.process import ChildDied, run_in_child
+from deniable.core.plumbing.build import version
+from deniable.core.plumbing.metrics import reason_label
+from deniable.core.plumbing.process import ChildDied, run_in_child
 from deniable.v1 import deniable_pb2 as pb
 
 log = logging.getLogger("deniable.aggregator")

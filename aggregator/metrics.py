@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter, Histogram
 
-from deniable.core.metrics import ServiceMetrics, reason_label, reject_reasons, service_rpcs
+from deniable.core.plumbing.metrics import ServiceMetrics, reason_label, reject_reasons, service_rpcs
 from deniable.v1 import deniable_pb2 as pb
 
 BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

@@ -19,7 +19,7 @@ from typing import Final
 from prometheus_client import Counter
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.process import die_with_parent
+from deniable.core.plumbing.process import die_with_parent
 
 WARM_UP_TIMEOUT_S: Final = 60.0
 log = logging.getLogger("deniable.aggregator")

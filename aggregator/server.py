@@ -21,12 +21,12 @@ from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool
 from deniable.aggregator.servicer import AggregatorServicer
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
-from deniable.core import jetstream, tracing
-from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
-from deniable.core.health import HealthMonitor
-from deniable.core.jetstream import DEFAULT_ACK_WAIT_S
-from deniable.core.service import (
+from deniable.core.plumbing import jetstream, tracing
+from deniable.core.plumbing.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
+from deniable.core.plumbing.health import HealthMonitor
+from deniable.core.plumbing.jetstream import DEFAULT_ACK_WAIT_S
+from deniable.core.plumbing.service import (
     DEFAULT_MAX_CONCURRENT_RPCS,
     MAX_MESSAGE_BYTES,
     DataDirLock,
@@ -37,7 +37,7 @@ from deniable.core.service import (
     new_server,
     run_until_signalled,
 )
-from deniable.core.tls import ServerTls, check_transport
+from deniable.core.plumbing.tls import ServerTls, check_transport
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 SERVICE_NAME: Final = "deniable.v1.Aggregator"
@@ -68,7 +68,7 @@ class AggregatorConfig:
     """RPCs served at once; more are shed with RESOURCE_EXHAUSTED (health calls included)."""
     metrics_port: int | None = None
     tracer_provider: Any = None
-    """An opentelemetry TracerProvider (core/tracing.py): a root span per RPC; None: no tracing."""
+    """An opentelemetry TracerProvider (core/plumbing/tracing.py): a root span per RPC; None: no tracing."""
     store: str | None = None
     """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
     tls: ServerTls | None = None
@@ -84,7 +84,7 @@ class AggregatorConfig:
     retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S
     """Report ids are kept this long after a campaign's window ends, then forgotten."""
     nats: str | None = None
-    """Also take batches from this NATS JetStream URL (core/jetstream.py), as one more worker."""
+    """Also take batches from this NATS JetStream URL (core/plumbing/jetstream.py), as one more worker."""
     nats_ack_wait_s: float = DEFAULT_ACK_WAIT_S
     """How long a taken batch stays unacknowledged before JetStream gives it to another worker."""
     key_group: int | None = None
@@ -153,7 +153,7 @@ async def open_store(spec: str | None, data_dir: Path) -> AggregatorStore:
     if not spec:
         return SqliteAggregatorStore(data_dir / DATABASE_FILE)
     from deniable.aggregator.store_postgres import PostgresAggregatorStore
-    from deniable.core.dsn import is_postgres_dsn
+    from deniable.core.plumbing.dsn import is_postgres_dsn
 
     if not is_postgres_dsn(spec):
         got = f"a {spec.split('://', 1)[0][:20]}:// URL" if "://" in spec else "no URL"

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict, ReleaseState
 from deniable.core.errors import ConfigurationError
-from deniable.core.sqlite import open_database
+from deniable.core.plumbing.sqlite import open_database
 from deniable.v1 import deniable_pb2 as pb
 
 T = TypeVar("T")

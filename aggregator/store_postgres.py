@@ -46,8 +46,8 @@ from deniable.aggregator.store import (
     UnknownCampaign,
     closed_split,
 )
-from deniable.core.dsn import describe_dsn, is_postgres_dsn, one_line
 from deniable.core.errors import ConfigurationError
+from deniable.core.plumbing.dsn import describe_dsn, is_postgres_dsn, one_line
 from deniable.v1 import deniable_pb2 as pb
 
 SCHEMA_VERSION: Final = 1

@@ -3,7 +3,7 @@
     pip install -e ".[bench]"      # the libraries, only for this benchmark
     python bench/compare_libraries.py [--quick] [--devices N] [--json bench-results/libraries.json]
 
-The same as ``deniable bench --compare-libraries``; the engine is ``deniable.cli.bench_libraries``.
+The same as ``deniable bench --compare-libraries``; the engine is ``deniable.sim.bench_libraries``.
 A library that is not installed is reported and skipped. See docs/performance.md.
 """
 

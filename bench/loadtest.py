@@ -4,7 +4,7 @@
                              [--rate R | --duration S] [--out loadtest-results]
                              [--shuffler 127.0.0.1:7701 --aggregator 127.0.0.1:7700]
 
-The same as ``deniable loadtest``; the engine is ``deniable.cli.loadtest``. See docs/performance.md.
+The same as ``deniable loadtest``; the engine is ``deniable.sim.loadtest``. See docs/performance.md.
 """
 
 from __future__ import annotations

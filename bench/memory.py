@@ -2,7 +2,7 @@
 
     python bench/memory.py [--quick] [--devices N] [--json bench-results/memory.json]
 
-The same as ``deniable bench --memory``; the engine is ``deniable.cli.bench_memory``. Each
+The same as ``deniable bench --memory``; the engine is ``deniable.sim.bench_memory``. Each
 service runs in its own process; the stated limits and the verdict are printed. See
 docs/performance.md.
 """

@@ -3,11 +3,12 @@
     python bench/mqtt_send.py [--devices 20000] [--repeat 2] [--broker HOST:PORT]
                               [--json bench-results/mqtt.json]
 
-Each run is ``deniable.cli.demo.run_pipeline``: real aggregator and shuffler on loopback, the
+Each run is ``deniable.sim.demo.run_pipeline``: real aggregator and shuffler on loopback, the
 SDK's Reporter sending requests of 1,000 sealed reports one after another, over gRPC or through
 the broker (``MqttTransport``; the shuffler's ``MqttIngress``). Timed: ``send_s``, from the first
 request to the last answer, per campaign. Without ``--broker`` the tests' throwaway mosquitto
-(tests/mqtt_broker.py; from scripts/system-deps.sh) runs on a free loopback port. Results: docs/mqtt.md.
+(tests/support/mqtt_broker.py; from
+scripts/system-deps.sh) runs on a free loopback port. Results: docs/mqtt.md.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from deniable.cli.demo import run_pipeline
-from deniable.core.mqtt import BrokerAddress
+from deniable.core.plumbing.mqtt import BrokerAddress
+from deniable.sim.demo import run_pipeline
 
 
 def load_mqtt_broker() -> ModuleType:
-    """tests/mqtt_broker.py (the tests' broker), loaded by path: ``tests`` is not a package."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "mqtt_broker.py"
+    """tests/support/mqtt_broker.py (the tests' broker), loaded by path: ``tests`` is not a package."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "support" / "mqtt_broker.py"
     spec = importlib.util.spec_from_file_location("deniable_tests_mqtt_broker", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

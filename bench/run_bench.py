@@ -2,7 +2,7 @@
 
     python bench/run_bench.py [--quick] [--json bench-results/bench.json] [--reports N]
 
-The same as ``deniable bench``; the engine is ``deniable.cli.bench``. See docs/performance.md.
+The same as ``deniable bench``; the engine is ``deniable.sim.bench``. See docs/performance.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ What is timed, per report: ``append`` in requests of ``--request`` reports (one 
 transaction each, as SubmitReports does), then ``form_batch_sizes`` into batches of ``--batch``
 (permute + store the wire bytes), ``load_wire`` and ``delete_batch`` (forwarding without the
 network). Both are durable (SQLite synchronous=FULL; PostgreSQL with fsync and synchronous_commit
-on). Without ``--dsn`` a throwaway PostgreSQL server is started (tests/postgres_server.py).
+on). Without ``--dsn`` a throwaway PostgreSQL server is started (tests/support/postgres_server.py).
 Results are in docs/scaling.md.
 """
 
@@ -34,8 +34,8 @@ CIPHERTEXT = 120
 
 
 def _postgres_server_module() -> ModuleType:
-    """tests/postgres_server.py, loaded by path (``tests`` is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "postgres_server.py"
+    """tests/support/postgres_server.py, loaded by path (``tests`` is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "support" / "postgres_server.py"
     spec = importlib.util.spec_from_file_location("deniable_bench_postgres_server", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

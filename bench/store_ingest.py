@@ -12,7 +12,7 @@ each ingesting its share of the batches at the same time.
 
 Both stores are durable: SQLite in WAL mode with synchronous=FULL, PostgreSQL with its default
 fsync and synchronous_commit. Without ``--dsn`` a throwaway PostgreSQL server is started
-(tests/postgres_server.py; needs scripts/system-deps.sh) on loopback with a temp data directory on
+(tests/support/postgres_server.py; needs scripts/system-deps.sh) on loopback with a temp data directory on
 the same disk as the SQLite file. Results are in docs/storage.md.
 """
 
@@ -47,8 +47,8 @@ Opener = Callable[[], Awaitable[AggregatorStore]]
 
 
 def _postgres_server_module() -> ModuleType:
-    """tests/postgres_server.py, loaded by path (``tests`` is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "postgres_server.py"
+    """tests/support/postgres_server.py, loaded by path (``tests`` is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "support" / "postgres_server.py"
     spec = importlib.util.spec_from_file_location("deniable_tests_postgres_server", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.core.certs import write_dev_certs
+from deniable.core.plumbing.certs import write_dev_certs
+from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
 from deniable.core.rng import default_rng
-from deniable.core.tls import ClientTls, ServerTls, open_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

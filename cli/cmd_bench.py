@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     """Dispatch to the chosen benchmark."""
     progress = not args.no_progress
     if args.compare_libraries:
-        from deniable.cli.bench_libraries import LibraryConfig, run_comparison
+        from deniable.sim.bench_libraries import LibraryConfig, run_comparison
 
         library_config = LibraryConfig.quick() if args.quick else LibraryConfig()
         if args.devices is not None:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         run_comparison(library_config, args.json, progress=progress)
         return 0
     if args.protocols:
-        from deniable.cli.bench_protocols import ProtocolConfig, run_protocols
+        from deniable.sim.bench_protocols import ProtocolConfig, run_protocols
 
         protocol_config = ProtocolConfig.quick() if args.quick else ProtocolConfig()
         if args.devices is not None:
@@ -82,14 +82,14 @@ def run(args: argparse.Namespace) -> int:
         run_protocols(protocol_config, args.json)
         return 0
     if args.memory:
-        from deniable.cli.bench_memory import MemoryConfig, run_memory
+        from deniable.sim.bench_memory import MemoryConfig, run_memory
 
         memory_config = MemoryConfig.quick() if args.quick else MemoryConfig()
         if args.devices is not None:
             memory_config.reports = args.devices
         run_memory(memory_config, args.json, progress=progress)
         return 0
-    from deniable.cli.bench import BenchConfig, run_bench
+    from deniable.sim.bench import BenchConfig, run_bench
 
     config = BenchConfig.quick() if args.quick else BenchConfig()
     if args.reports is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from deniable.core.certs import DEV_ROLES, ROLE_URI_PREFIX, write_dev_certs
+from deniable.core.plumbing.certs import DEV_ROLES, ROLE_URI_PREFIX, write_dev_certs
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.tls import ClientTls
+from deniable.core.plumbing.tls import ClientTls
 
 SERVICES = {"aggregator": "deniable.v1.Aggregator", "shuffler": "deniable.v1.Shuffler", "server": ""}
 
@@ -45,7 +45,7 @@ async def check(address: str, service: str, tls: ClientTls | None, timeout: floa
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from deniable.core.tls import open_channel
+    from deniable.core.plumbing.tls import open_channel
 
     channel = open_channel(address, tls, insecure=tls is None)
     try:

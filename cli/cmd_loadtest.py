@@ -22,7 +22,7 @@ def _positive_float(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``loadtest``."""
-    from deniable.cli.loadtest import PATTERNS
+    from deniable.sim.loadtest import PATTERNS
 
     load = sub.add_parser(
         "loadtest",
@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the configuration and run."""
-    from deniable.cli.loadtest import LoadConfig, resolve_timing, run_loadtest
+    from deniable.sim.loadtest import LoadConfig, resolve_timing, run_loadtest
 
     devices, duration = resolve_timing(args.devices, args.rate, args.duration)
     config = LoadConfig(

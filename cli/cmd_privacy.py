@@ -7,7 +7,7 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from deniable.cli import render
+from deniable.sim import render
 
 if TYPE_CHECKING:
     from deniable.core.accounting.planner import Plan

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.tls import ClientTls
+from deniable.core.plumbing.tls import ClientTls
 from deniable.v1 import deniable_pb2 as pb
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.logs import FORMATS, LEVELS
+from deniable.core.plumbing.logs import FORMATS, LEVELS
 
 ENV_PREFIX: Final = "DENIABLE_"
 CONFIG_ENV: Final = "DENIABLE_CONFIG"

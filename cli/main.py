@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
-from deniable.cli import render
-from deniable.cli.render import guarantee_words
 from deniable.cli.windows import parse_window
-from deniable.core import mqtt
 from deniable.core.campaigns import local_epsilon, mechanism_has_local_guarantee
 from deniable.core.errors import ConfigurationError
-from deniable.core.mqtt import BrokerAddress
-from deniable.core.tls import ClientTls, ServerTls
+from deniable.core.plumbing import mqtt
+from deniable.core.plumbing.mqtt import BrokerAddress
+from deniable.core.plumbing.tls import ClientTls, ServerTls
+from deniable.sim import render
+from deniable.sim.render import guarantee_words
 from deniable.v1 import deniable_pb2 as pb
 
 if TYPE_CHECKING:
@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in _command_modules():
         module.register(sub)
     from deniable.cli import config
-    from deniable.core.build import version
+    from deniable.core.plumbing.build import version
 
     config.install(parser, version())
     return parser
@@ -460,7 +460,7 @@ def _tracer_provider(service: str, args: argparse.Namespace) -> Any:
     """The service's TracerProvider if tracing was asked for, else None (OpenTelemetry stays unimported)."""
     if args.otel_endpoint is None and not args.otel_console:
         return None
-    from deniable.core.tracing import tracer_provider
+    from deniable.core.plumbing.tracing import tracer_provider
 
     return tracer_provider(service, args.otel_endpoint, args.otel_console)
 
@@ -501,7 +501,7 @@ async def _call(
     tls: ClientTls | None = None,
 ) -> T:
     """Open a channel (TLS unless ``tls`` is None: the caller said --insecure), make one call, close."""
-    from deniable.core.tls import open_channel
+    from deniable.core.plumbing.tls import open_channel
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
     channel = open_channel(address, tls, insecure=tls is None)
@@ -620,13 +620,13 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deniable.cli.render import answer_json, answer_table, manipulation_line, privacy_line
+    from deniable.sim.render import answer_json, answer_table, manipulation_line, privacy_line
 
     handler = getattr(args, "handler", None)
     if handler is not None:
         return int(handler(args))
     if args.command == "demo":
-        from deniable.cli.demo import run_demo
+        from deniable.sim.demo import run_demo
 
         run_demo(
             args.devices,
@@ -940,7 +940,7 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from deniable.cli import config
-    from deniable.core.logs import configure_logging
+    from deniable.core.plumbing.logs import configure_logging
 
     configure_logging(*config.log_settings(args))
     try:

@@ -16,7 +16,7 @@ from deniable.client.reporter import (
 from deniable.client.sync import SyncReporter
 from deniable.client.transport import GrpcTransport, InMemoryTransport, Transport, TransportError
 from deniable.core.crypto import CampaignSignatureError
-from deniable.core.tls import ClientTls
+from deniable.core.plumbing.tls import ClientTls
 
 __all__ = [
     "BudgetExceeded",

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from deniable.core.sqlite import open_database
+from deniable.core.plumbing.sqlite import open_database
 
 MICRO: Final = 1_000_000
 _MAX_MICRO: Final = 1 << 53  # about 9e9 epsilon: saturating here keeps every sum inside SQLite's int64

@@ -5,7 +5,7 @@ unchanged. A submit publishes the SubmitReportsRequest on ``<prefix>/submit/<req
 (QoS 1, a fresh random id per attempt) and waits for the shuffler's ``SubmitAck`` on
 ``<prefix>/ack/<request id>``: only that answer, sent after the durable spool write, lets the
 outbox forget a report (the broker's PUBACK would not). Campaigns are read from the retained
-``<prefix>/campaigns/<id>`` topic the shuffler keeps. Topics and ids: ``deniable.core.mqtt``.
+``<prefix>/campaigns/<id>`` topic the shuffler keeps. Topics and ids: ``deniable.core.plumbing.mqtt``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from deniable.client.transport import RETRYABLE_CODES, TransportError
-from deniable.core import mqtt
 from deniable.core.campaigns import valid_campaign_id
 from deniable.core.errors import ConfigurationError
-from deniable.core.mqtt import BrokerAddress
+from deniable.core.plumbing import mqtt
+from deniable.core.plumbing.mqtt import BrokerAddress
 from deniable.v1 import deniable_pb2 as pb
 
 if TYPE_CHECKING:

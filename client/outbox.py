@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from deniable.core.sqlite import open_database
+from deniable.core.plumbing.sqlite import open_database
 from deniable.v1 import deniable_pb2 as pb
 
 _SCHEMA = """

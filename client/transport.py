@@ -13,7 +13,7 @@ from typing import Final, Protocol, runtime_checkable
 
 import grpc
 
-from deniable.core.tls import ClientTls, open_channel
+from deniable.core.plumbing.tls import ClientTls, open_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
 

@@ -1,4 +1,4 @@
-"""Forwarding batches to NATS JetStream instead of gRPC (optional; see core/jetstream.py).
+"""Forwarding batches to NATS JetStream instead of gRPC (optional; see core/plumbing/jetstream.py).
 
 A batch leaves the spool only after JetStream acknowledged storing it (a PubAck), exactly as the
 gRPC forwarder waits for the aggregator's acknowledgement; a repeat publish of the same batch id
@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from deniable.core.jetstream import SUBJECT
+from deniable.core.plumbing.jetstream import SUBJECT
 from deniable.shuffler.forwarder import ForwardResult, shuffled_batch
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.segments import SegmentPaths

@@ -16,7 +16,7 @@ from typing import Final
 
 from google.protobuf.message import DecodeError
 
-from deniable.core.metrics import reason_label
+from deniable.core.plumbing.metrics import reason_label
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
 from deniable.shuffler.errors import InvalidRequest, NotFound, QuotaExceeded, ShufflerError, Unavailable

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Final
 import grpc
 from prometheus_client import Counter
 
-from deniable.core import mqtt
-from deniable.core.mqtt import BrokerAddress
+from deniable.core.plumbing import mqtt
+from deniable.core.plumbing.mqtt import BrokerAddress
 from deniable.core.rng import default_rng
 from deniable.shuffler.campaigns import valid_campaign_id
 from deniable.shuffler.errors import ShufflerError, status_code

@@ -13,11 +13,11 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from deniable.core import jetstream, service, tracing
-from deniable.core.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.errors import ConfigurationError
-from deniable.core.health import Check, HealthMonitor
-from deniable.core.tls import ClientTls, ServerTls, check_transport, open_channel
+from deniable.core.plumbing import jetstream, service, tracing
+from deniable.core.plumbing.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
+from deniable.core.plumbing.health import Check, HealthMonitor
+from deniable.core.plumbing.tls import ClientTls, ServerTls, check_transport, open_channel
 from deniable.shuffler.batcher import MAX_BATCH_BYTES, Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import BatchForwarder, Forwarder, Pipeline, raw_ingest_callable
@@ -74,7 +74,7 @@ class ShufflerConfig:
     """RPCs served at once; more are shed with RESOURCE_EXHAUSTED (health calls included)."""
     metrics_port: int | None = None
     tracer_provider: Any = None
-    """An opentelemetry TracerProvider (core/tracing.py): a root span per RPC; None: no tracing."""
+    """An opentelemetry TracerProvider (core/plumbing/tracing.py): a root span per RPC; None: no tracing."""
     upstream_deadline_s: float = 2.0
     forward_deadline_s: float = 30.0
     retry_base_s: float = 0.5
@@ -86,7 +86,7 @@ class ShufflerConfig:
     spool: str = "segments"
     """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
     forward_nats: str | None = None
-    """Forward batches to this NATS JetStream URL instead of gRPC (core/jetstream.py); campaigns
+    """Forward batches to this NATS JetStream URL instead of gRPC (core/plumbing/jetstream.py); campaigns
     still come from ``upstream``. TLS with the shuffler's certificate unless ``insecure``."""
     spool_store: str | None = None
     """A PostgreSQL DSN: spool there instead (several shufflers may share it); the CLI reads it

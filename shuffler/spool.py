@@ -18,8 +18,8 @@ import numpy.typing as npt
 
 from deniable.core.batches import batch_digest
 from deniable.core.errors import ConfigurationError
+from deniable.core.plumbing.sqlite import open_database
 from deniable.core.rng import default_rng
-from deniable.core.sqlite import open_database
 from deniable.v1 import deniable_pb2 as pb
 
 Permutation = Callable[[int], "npt.NDArray[np.int64] | Sequence[int]"]

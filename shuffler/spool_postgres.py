@@ -19,8 +19,8 @@ from typing import Any, Final, TypeVar
 
 import asyncpg
 
-from deniable.core.dsn import describe_dsn, is_postgres_dsn, one_line
 from deniable.core.errors import ConfigurationError
+from deniable.core.plumbing.dsn import describe_dsn, is_postgres_dsn, one_line
 from deniable.shuffler.segments import (
     ColumnReports,
     Columns,

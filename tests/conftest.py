@@ -1,41 +1,24 @@
 """Fixtures every test directory may use: a real MQTT broker (Debian's mosquitto) on loopback.
 
 mosquitto is installed by scripts/system-deps.sh; without it these fixtures fail with that hint
-rather than skip. The broker itself: tests/mqtt_broker.py.
+rather than skip. The broker itself: tests/support/mqtt_broker.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from support import mqtt_broker as mqtt_broker_module
 
-from deniable.core.certs import DEV_ROLES, DevCerts, write_dev_certs
-from deniable.core.mqtt import BrokerAddress
-
-
-def _load_mqtt_broker() -> ModuleType:
-    """tests/mqtt_broker.py, loaded by path (importlib mode: ``tests`` is not importable)."""
-    name = "deniable_tests_mqtt_broker"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "mqtt_broker.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-mqtt_broker_module = _load_mqtt_broker()
+from deniable.core.plumbing.certs import DEV_ROLES, DevCerts, write_dev_certs
+from deniable.core.plumbing.mqtt import BrokerAddress
 
 
 def _mosquitto(directory: Path) -> Any:
@@ -90,25 +73,14 @@ def other_ca_certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
     return write_dev_certs(tmp_path_factory.mktemp("other-certs"), roles=(*DEV_ROLES, "device"))
 
 
-def _load_postgres_server() -> ModuleType:
-    """tests/postgres_server.py, loaded by path (importlib mode: ``tests`` is not importable)."""
-    name = "deniable_tests_postgres_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "postgres_server.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[Any]:
     """One PostgreSQL server for the session (started on first use); fails if it cannot start.
 
     The helper module (and asyncpg) is loaded here, not at import: the SDK's lowest-versions run
     (scripts/lowest.sh) has no asyncpg."""
-    postgres_server_module = _load_postgres_server()
+    from support import postgres_server as postgres_server_module  # asyncpg: only when asked for
+
     try:
         server = postgres_server_module.PostgresServer.start()
     except postgres_server_module.PostgresUnavailable as exc:

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from tests import astutil
+from support import astutil
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {

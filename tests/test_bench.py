@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from deniable.cli import bench_libraries
-from deniable.cli.bench_libraries import LibraryConfig, compare, format_comparison
 from deniable.cli.main import main
+from deniable.sim import bench_libraries
+from deniable.sim.bench_libraries import LibraryConfig, compare, format_comparison
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deniable.cli.bench_protocols import ProtocolConfig, run_protocols
+from deniable.sim.bench_protocols import ProtocolConfig, run_protocols
 
 
 def test_quick_protocol_bench_reports_costs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,10 +12,10 @@ import pytest
 from cryptography import x509
 
 from deniable.aggregator.server import ACCESS_POLICY as AGGREGATOR
-from deniable.core.auth import HEALTH_METHODS, refusal
-from deniable.core.certs import ROLE_URI_PREFIX, issue, make_ca, role_of, write_dev_certs
 from deniable.core.errors import ConfigurationError
-from deniable.core.tls import NO_CERTIFICATE, NO_ROLE, ClientTls, PeerRoles, ServerTls
+from deniable.core.plumbing.auth import HEALTH_METHODS, refusal
+from deniable.core.plumbing.certs import ROLE_URI_PREFIX, issue, make_ca, role_of, write_dev_certs
+from deniable.core.plumbing.tls import NO_CERTIFICATE, NO_ROLE, ClientTls, PeerRoles, ServerTls
 from deniable.shuffler.server import ACCESS_POLICY as SHUFFLER
 from deniable.v1 import deniable_pb2 as pb
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deniable.cli.main import main
-from deniable.core.mqtt import BrokerAddress
+from deniable.core.plumbing.mqtt import BrokerAddress
 
 CLI = [sys.executable, "-m", "deniable.cli"]
 

@@ -10,9 +10,9 @@ import pytest
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.cli.cmd_health import check
 from deniable.cli.main import build_parser, main, secret_from_env, store_dsn
-from deniable.core.certs import DevCerts
 from deniable.core.errors import ConfigurationError
-from deniable.core.tls import ClientTls, ServerTls
+from deniable.core.plumbing.certs import DevCerts
+from deniable.core.plumbing.tls import ClientTls, ServerTls
 
 
 async def test_health_speaks_mutual_tls_and_reports_unreachable(tmp_path: Path, dev_certs: DevCerts) -> None:

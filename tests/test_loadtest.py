@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deniable.cli.benchkit import ServiceProcess
-from deniable.cli.loadtest import BURST_FACTOR, BURST_SHARE, BURSTS, arrival_times, resolve_timing
 from deniable.cli.main import main
+from deniable.sim.benchkit import ServiceProcess
+from deniable.sim.loadtest import BURST_FACTOR, BURST_SHARE, BURSTS, arrival_times, resolve_timing
 
 
 @pytest.fixture(autouse=True)

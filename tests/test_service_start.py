@@ -21,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

@@ -13,7 +13,7 @@ from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.aggregator.handlers import AggregatorHandlers, FailedPrecondition, InvalidRequest
 from deniable.aggregator.server import RunningAggregator
 from deniable.core.campaigns import randomiser_for
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 

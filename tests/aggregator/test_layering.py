@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from support import astutil
+
 import deniable.aggregator
-from tests import astutil
 
 PACKAGE = Path(deniable.aggregator.__file__).parent
 

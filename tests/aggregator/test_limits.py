@@ -21,7 +21,7 @@ import pytest
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.aggregator.handlers import MAX_EXPECTED_N, MIN_EPSILON0, AggregatorHandlers, InvalidRequest
 from deniable.core.accounting import planner
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 

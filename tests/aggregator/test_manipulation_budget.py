@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from deniable.aggregator.handlers import AggregatorHandlers
-from deniable.cli.render import answer_json, manipulation_line
 from deniable.core.campaigns import randomiser_for
+from deniable.sim.render import answer_json, manipulation_line
 from deniable.v1 import deniable_pb2 as pb
 
 if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)

@@ -14,7 +14,7 @@ import nats
 import pytest
 
 from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
-from deniable.core.jetstream import CONSUMER, STREAM, SUBJECT
+from deniable.core.plumbing.jetstream import CONSUMER, STREAM, SUBJECT
 from deniable.v1 import deniable_pb2 as pb
 
 if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)

@@ -22,9 +22,9 @@ from deniable.aggregator.server import DATABASE_FILE, open_store
 from deniable.aggregator.store import SqliteAggregatorStore
 from deniable.aggregator.store_postgres import SCHEMA_VERSION, PostgresAggregatorStore
 from deniable.cli.main import main
-from deniable.core.dsn import describe_dsn
 from deniable.core.errors import ConfigurationError
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.dsn import describe_dsn
+from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 

@@ -20,7 +20,7 @@ from deniable.aggregator import AggregatorConfig, RunningAggregator, serve_aggre
 from deniable.aggregator.server import DATABASE_FILE
 from deniable.aggregator.store import SqliteAggregatorStore
 from deniable.core.errors import ConfigurationError
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 

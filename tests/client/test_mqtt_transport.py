@@ -17,9 +17,9 @@ from deniable.client.mqtt import MqttTransport
 from deniable.client.outbox import Outbox
 from deniable.client.reporter import Reporter
 from deniable.client.transport import TransportError
-from deniable.core import mqtt
 from deniable.core.crypto import KeyPair, SigningKey, open_report
-from deniable.core.mqtt import BrokerAddress
+from deniable.core.plumbing import mqtt
+from deniable.core.plumbing.mqtt import BrokerAddress
 from deniable.core.wire import decode
 from deniable.v1 import deniable_pb2 as pb
 

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import astutil
+
 import deniable.client.reporter
-from tests import astutil
 
 CLIENT_DIR = Path(deniable.client.reporter.__file__).parent
 FORBIDDEN = ("deniable.shuffler", "deniable.aggregator")

@@ -14,8 +14,8 @@ from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggre
 from deniable.client import GrpcTransport, Outbox, Reporter
 from deniable.core.campaigns import randomiser_for
 from deniable.core.crypto import PublicKey, seal_report
+from deniable.core.plumbing.service import insecure_channel
 from deniable.core.rng import default_rng
-from deniable.core.service import insecure_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb

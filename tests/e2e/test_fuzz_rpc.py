@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
 from deniable.core.crypto import PublicKey, seal_report
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.core.batches import batch_digest
 from deniable.core.crypto import PublicKey, seal_report
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb

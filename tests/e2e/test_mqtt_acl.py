@@ -21,8 +21,8 @@ import pytest
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.client import Outbox, Reporter
 from deniable.client.mqtt import MqttTransport
-from deniable.core.mqtt import DEFAULT_PREFIX, BrokerAddress, campaign_topic
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.mqtt import DEFAULT_PREFIX, BrokerAddress, campaign_topic
+from deniable.core.plumbing.service import insecure_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.v1 import deniable_pb2 as pb

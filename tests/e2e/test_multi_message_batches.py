@@ -7,7 +7,7 @@ from pathlib import Path
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.client import GrpcTransport, Outbox, Reporter
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from deniable.cli.demo import run_pipeline
-from deniable.core.mqtt import BrokerAddress
+from deniable.core.plumbing.mqtt import BrokerAddress
+from deniable.sim.demo import run_pipeline
 from deniable.v1 import deniable_pb2 as pb
 
 

@@ -315,7 +315,7 @@ async def _ack_pending(nats: str) -> tuple[int, int]:
     """(messages held by a worker unacknowledged, messages waiting) of the shared consumer."""
     import nats as nats_py
 
-    from deniable.core.jetstream import CONSUMER, STREAM
+    from deniable.core.plumbing.jetstream import CONSUMER, STREAM
 
     client = await nats_py.connect(nats)
     try:

@@ -26,10 +26,10 @@ from deniable.client import (
     Reporter,
 )
 from deniable.client.mqtt import MqttTransport
-from deniable.core import mqtt
 from deniable.core.crypto import HYBRID_SUITE_NAME, KeyPair, SigningKey, open_report, verify_campaign
-from deniable.core.mqtt import BrokerAddress
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing import mqtt
+from deniable.core.plumbing.mqtt import BrokerAddress
+from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import decode
 from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
 from deniable.shuffler.mqtt import MqttIngressConfig

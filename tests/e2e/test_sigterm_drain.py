@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from deniable.core.crypto import PublicKey, seal_report
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
@@ -24,7 +24,7 @@ SCRIPT = (
     "from pathlib import Path\n"
     "from deniable.aggregator import AggregatorConfig, serve_aggregator\n"
     "from deniable.shuffler import ShufflerConfig, start_shuffler\n"
-    "from deniable.core.service import run_until_signalled\n"
+    "from deniable.core.plumbing.service import run_until_signalled\n"
     "kind, data, listen, port_file = sys.argv[1:5]\n"
     "async def shuffler():\n"
     "    r = await start_shuffler(ShufflerConfig(insecure=True, data_dir=Path(data), upstream=sys.argv[5],\n"

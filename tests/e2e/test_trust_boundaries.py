@@ -18,9 +18,9 @@ from cryptography.x509.oid import NameOID
 
 from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
 from deniable.core.campaigns import randomiser_for
-from deniable.core.certs import DevCerts, issue, make_ca
 from deniable.core.crypto import PublicKey, seal_report
-from deniable.core.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing.certs import DevCerts, issue, make_ca
+from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb

@@ -30,7 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.server import DATABASE_FILE
 from deniable.core.crypto import open_report
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import decode
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

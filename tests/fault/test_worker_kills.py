@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import randomiser_for
 from deniable.core.crypto import PublicKey, seal_report
-from deniable.core.service import insecure_channel
+from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

@@ -14,8 +14,8 @@ import pytest
 
 from deniable.cli import config
 from deniable.cli.main import build_parser, main
-from deniable.core.build import version
 from deniable.core.errors import ConfigurationError
+from deniable.core.plumbing.build import version
 
 SAMPLES = Path(__file__).parents[2] / "deploy" / "config"
 

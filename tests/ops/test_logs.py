@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from deniable.cli.demo import run_pipeline
-from deniable.core import logs
+from deniable.core.plumbing import logs
+from deniable.sim.demo import run_pipeline
 
 MS_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 

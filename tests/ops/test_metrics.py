@@ -14,10 +14,10 @@ import pytest
 
 from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
 from deniable.aggregator.metrics import AggregatorMetrics
-from deniable.core.build import version
-from deniable.core.certs import DevCerts
-from deniable.core.metrics import snake_case
-from deniable.core.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing.build import version
+from deniable.core.plumbing.certs import DevCerts
+from deniable.core.plumbing.metrics import snake_case
+from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

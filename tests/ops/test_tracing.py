@@ -20,10 +20,10 @@ from opentelemetry.trace import get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.core import tracing
-from deniable.core.certs import DevCerts
 from deniable.core.errors import ConfigurationError
-from deniable.core.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing import tracing
+from deniable.core.plumbing.certs import DevCerts
+from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

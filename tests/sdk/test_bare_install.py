@@ -14,7 +14,7 @@ import sys
 from importlib.metadata import distribution
 from pathlib import Path
 
-from tests.sdk_services import Services, binary_campaign, counted, running_services
+from support.sdk_services import Services, binary_campaign, counted, running_services
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE = Path(__file__).with_name("device_script.py")

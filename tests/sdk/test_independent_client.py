@@ -1,4 +1,4 @@
-"""docs/wire.md is enough to write a client: tests/independent_client.py (stdlib, struct and
+"""docs/wire.md is enough to write a client: tests/support/independent_client.py (stdlib, struct and
 cryptography only) reproduces the golden vectors, and its reports are accepted and counted by a
 real shuffler and aggregator."""
 
@@ -9,13 +9,14 @@ import asyncio
 import sys
 from pathlib import Path
 
+from support import astutil
+from support.sdk_services import binary_campaign, categorical_campaign, counted, running_services
+
 from deniable.client import ClientTls, GrpcTransport
 from deniable.v1 import deniable_pb2 as pb
-from tests import astutil
-from tests.sdk_services import binary_campaign, categorical_campaign, counted, running_services
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENT = ROOT / "tests" / "independent_client.py"
+CLIENT = ROOT / "tests" / "support" / "independent_client.py"
 ALLOWED = {"__future__", "json", "math", "os", "struct", "sys", "fractions", "pathlib", "collections.abc"}
 
 

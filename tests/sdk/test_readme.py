@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from tests.sdk_services import binary_campaign, counted, running_services
+from support.sdk_services import binary_campaign, counted, running_services
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 WRITTEN_ADDRESS = "127.0.0.1:7701"

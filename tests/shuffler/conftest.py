@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from deniable.core import service
+from deniable.core.plumbing import service
 from deniable.core.rng import default_rng
 from deniable.shuffler.server import RunningShuffler, ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb

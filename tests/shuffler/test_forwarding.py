@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from deniable.core import service
+from deniable.core.plumbing import service
 from deniable.core.rng import Csprng
 from deniable.shuffler.forwarder import Backoff
 from deniable.v1 import deniable_pb2 as pb

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from deniable.core import service
+from deniable.core.plumbing import service
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.shuffler.health import PROBE_FILE, UpstreamCheck
 from deniable.v1 import deniable_pb2 as pb

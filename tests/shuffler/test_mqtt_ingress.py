@@ -12,8 +12,8 @@ import aiomqtt
 import grpc
 import pytest
 
-from deniable.core import mqtt
-from deniable.core.mqtt import BrokerAddress
+from deniable.core.plumbing import mqtt
+from deniable.core.plumbing.mqtt import BrokerAddress
 from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.shuffler.server import RunningShuffler
 from deniable.v1 import deniable_pb2 as pb

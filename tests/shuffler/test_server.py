@@ -13,11 +13,11 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
+from support import astutil
 
 from deniable.core.errors import ConfigurationError
 from deniable.shuffler.server import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
-from tests import astutil
 
 SHUFFLER_DIR = Path(__file__).resolve().parents[2] / "shuffler"
 FORBIDDEN = (
@@ -172,10 +172,10 @@ def test_shuffler_source_never_imports_decryption_or_other_services() -> None:
                 allowed = (
                     "deniable.core.rng",
                     "deniable.core.batches",
-                    "deniable.core.service",
-                    "deniable.core.sqlite",
+                    "deniable.core.plumbing.service",
+                    "deniable.core.plumbing.sqlite",
                     "deniable.core.errors",
-                    "deniable.core.logs",
+                    "deniable.core.plumbing.logs",
                     "deniable.core",
                     "deniable.v1",
                     "deniable.shuffler",

@@ -1,5 +1,5 @@
 """Contract suite of SpoolStore, run on every implementation: SQLite rows here, SQLite segments in
-test_segment_spool.py, PostgreSQL (a real server from tests/postgres_server.py) here."""
+test_segment_spool.py, PostgreSQL (a real server from tests/support/postgres_server.py) here."""
 
 from __future__ import annotations
 

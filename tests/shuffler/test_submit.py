@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from deniable.core import service
+from deniable.core.plumbing import service
 from deniable.v1 import deniable_pb2 as pb
 
 WAIT_FOREVER = {"batch_interval_s": 3600.0}  # keep reports pending so the spool can be inspected
@@ -65,7 +65,8 @@ async def test_each_rejection_reason_spools_nothing_for_the_rejected(
     assert response.rejected[0].detail
     assert await pending_of(stub) == {"open": 2}
     sample = shuffler.metrics.registry.get_sample_value(
-        "deniable_shuffler_reports_rejected_total", {"reason": reason.lower()}  # one spelling (issue 11)
+        "deniable_shuffler_reports_rejected_total",
+        {"reason": reason.lower()},  # one spelling (issue 11)
     )
     assert sample == 1
 

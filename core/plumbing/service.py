@@ -46,14 +46,14 @@ def new_server(
     """A grpc.aio server with explicit size limits (larger requests get RESOURCE_EXHAUSTED), one
     port per server (SO_REUSEPORT off), bounded concurrency, malformed requests INVALID_ARGUMENT;
     ``record_request(rpc, code, seconds)`` sees every call, refused ones included; so does a
-    root span per call if ``tracer_provider`` is given (core/tracing.py)."""
+    root span per call if ``tracer_provider`` is given (core/plumbing/tracing.py)."""
     outer: list[grpc.aio.ServerInterceptor] = []
     if tracer_provider is not None:
-        from deniable.core.tracing import TracingInterceptor
+        from deniable.core.plumbing.tracing import TracingInterceptor
 
         outer.append(TracingInterceptor(tracer_provider))
     if record_request is not None:
-        from deniable.core.metrics import RequestMetricsInterceptor
+        from deniable.core.plumbing.metrics import RequestMetricsInterceptor
 
         outer.append(RequestMetricsInterceptor(record_request))
     return grpc.aio.server(

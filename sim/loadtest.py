@@ -36,9 +36,9 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from deniable.cli import benchkit, render
-from deniable.cli.benchkit import ServiceProcess
 from deniable.client.transport import RETRYABLE_CODES
+from deniable.sim import benchkit, render
+from deniable.sim.benchkit import ServiceProcess
 from deniable.v1 import deniable_pb2 as pb
 
 PATTERNS: Final = ("constant", "bursts", "diurnal")
@@ -531,7 +531,7 @@ def write_plots(result: dict[str, Any], tracker_latency_ms: FloatArray, out_dir:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from deniable.cli.render import plot_answers
+    from deniable.sim.render import plot_answers
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

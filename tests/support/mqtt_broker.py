@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from deniable.core.mqtt import BrokerAddress
+from deniable.core.plumbing.mqtt import BrokerAddress
 
 
 class MosquittoUnavailable(RuntimeError):

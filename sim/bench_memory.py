@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from deniable.cli import benchkit, render
-from deniable.cli.bench import _campaign_request, ingest_batches, shuffled_batches, start_sink
-from deniable.cli.benchkit import ServiceProcess
+from deniable.sim import benchkit, render
+from deniable.sim.bench import _campaign_request, ingest_batches, shuffled_batches, start_sink
+from deniable.sim.benchkit import ServiceProcess
 
 SHUFFLER_LIMIT_MB: Final = 768.0
 """Stated bound: the shuffler's peak RSS while holding and permuting 1,000,000 reports."""

@@ -29,10 +29,10 @@ from typing import Any, Final
 
 import grpc
 
-from deniable.cli import benchkit, render
-from deniable.cli.benchkit import ServiceProcess
 from deniable.core.batches import batch_digest
 from deniable.shuffler.forwarder import DEFAULT_WINDOW as FORWARD_WINDOW
+from deniable.sim import benchkit, render
+from deniable.sim.benchkit import ServiceProcess
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
@@ -238,7 +238,7 @@ class SinkAggregator(pb_grpc.AggregatorServicer):
 
 async def start_sink(campaigns: Sequence[pb.Campaign]) -> tuple[grpc.aio.Server, SinkAggregator, str]:
     """The sink on a free loopback port."""
-    from deniable.core import service
+    from deniable.core.plumbing import service
 
     sink = SinkAggregator(campaigns)
     server = service.new_server()

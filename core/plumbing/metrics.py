@@ -28,8 +28,8 @@ from prometheus_client import (
 )
 from prometheus_client.gc_collector import GCCollector
 
-from deniable.core.build import version
 from deniable.core.errors import ConfigurationError
+from deniable.core.plumbing.build import version
 
 LATENCY_BUCKETS: Final = (
     0.0005,
@@ -124,14 +124,14 @@ class ServiceMetrics:
         self._http: WSGIServer | None = None
         self._http_thread: threading.Thread | None = None
         self.tracer_provider: Any = None
-        """An opentelemetry TracerProvider when tracing is on (core/tracing.py), for ``span``."""
+        """An opentelemetry TracerProvider when tracing is on (core/plumbing/tracing.py), for ``span``."""
 
     def span(self, name: str, root: bool = False) -> contextlib.AbstractContextManager[Any]:
         """An INTERNAL span ``name`` around a step (child of the current RPC span, or a new root);
         nothing when tracing is off."""
         if self.tracer_provider is None:
             return contextlib.nullcontext()
-        from deniable.core.tracing import internal_span
+        from deniable.core.plumbing.tracing import internal_span
 
         return internal_span(self.tracer_provider, name, root)
 

@@ -2,11 +2,11 @@
 
 Only the standard library, ``struct`` for the layout and ``cryptography`` for HPKE. Two uses:
 
-    python tests/independent_client.py check tests/vectors
+    python tests/support/independent_client.py check tests/vectors
         recompute every local randomiser's thresholds and payloads (binary_rr, grr, sue, oue,
         subset_selection, hadamard_response, olh at g = 4), the plaintexts and the HPKE info of
         the golden vectors, and open their ciphertexts; exit 1 on the first mismatch
-    python tests/independent_client.py seal PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID PLAINTEXT_LENGTH \
+    python tests/support/independent_client.py seal PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID PLAINTEXT_LENGTH \
         MECHANISM EPSILON0 DOMAIN_SIZE VALUE
         print the hex ciphertext (enc || ct) of one fresh report
 """

@@ -22,16 +22,16 @@ from typing import Any
 import numpy as np
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.cli import render
-from deniable.cli.render import answer_json, answer_table, plot_answers, privacy_line
 from deniable.client import GrpcTransport, Outbox, Reporter, Transport
 from deniable.client.mqtt import MqttTransport
-from deniable.core import mqtt
-from deniable.core.certs import write_dev_certs
-from deniable.core.mqtt import BrokerAddress
-from deniable.core.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing import mqtt
+from deniable.core.plumbing.certs import write_dev_certs
+from deniable.core.plumbing.mqtt import BrokerAddress
+from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.shuffler.mqtt import MqttIngressConfig
+from deniable.sim import render
+from deniable.sim.render import answer_json, answer_table, plot_answers, privacy_line
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 

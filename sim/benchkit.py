@@ -141,7 +141,7 @@ def _service_main(kind: str, settings: dict[str, Any], conn: Connection) -> None
 async def _serve(kind: str, settings: dict[str, Any], conn: Connection) -> None:
     import resource
 
-    from deniable.core.logs import configure_logging
+    from deniable.core.plumbing.logs import configure_logging
 
     configure_logging(str(settings.pop("log_level", "warning")))
     settings = dict(settings, data_dir=Path(settings["data_dir"]))
@@ -487,7 +487,7 @@ def interleaved_population(shares: Sequence[float], devices: int) -> np.ndarray:
     Devices are reordered by a fixed stride coprime to their number, so arrivals over time mix
     every value (deterministic: no random generator involved).
     """
-    from deniable.cli.demo import exact_population
+    from deniable.sim.demo import exact_population
 
     values = exact_population(shares, devices)
     if devices < 3:
@@ -500,7 +500,7 @@ def interleaved_population(shares: Sequence[float], devices: int) -> np.ndarray:
 
 
 def _channel(address: str) -> grpc.aio.Channel:
-    from deniable.core.service import insecure_channel
+    from deniable.core.plumbing.service import insecure_channel
 
     return insecure_channel(address)
 

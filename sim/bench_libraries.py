@@ -30,7 +30,7 @@ from typing import Any, Final, cast
 import numpy as np
 import numpy.typing as npt
 
-from deniable.cli import benchkit, render
+from deniable.sim import benchkit, render
 
 MECHANISMS: Final = ("grr", "oue", "olh")
 SPEEDUP_TARGET: Final = 10.0

@@ -1,7 +1,7 @@
 """Development certificates: one CA and a certificate per role (``deniable certs dev``).
 
 The role of a certificate is a SAN URI ``spiffe://deniable/<role>`` (``ROLE_URI_PREFIX``); the
-services read it from the verified peer certificate (``deniable.core.tls.role_of``) to decide
+services read it from the verified peer certificate (``deniable.core.plumbing.tls.role_of``) to decide
 which RPCs the peer may call.
 These certificates are for development and tests: production deployments issue their own from
 their PKI with the same URI SANs (docs/security.md).
@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.tls import ROLE_URI_PREFIX, ROLES, role_of
+from deniable.core.plumbing.tls import ROLE_URI_PREFIX, ROLES, role_of
 
 __all__ = [
     "DEV_ROLES",

@@ -2,7 +2,7 @@
 
 Servers present a certificate; where the peer must authenticate (the aggregator, the shuffler's
 operator port) they also require a client certificate from the configured CA. A peer's role is
-the ``spiffe://deniable/<role>`` SAN URI of its verified certificate (``deniable.core.certs``).
+the ``spiffe://deniable/<role>`` SAN URI of its verified certificate (``deniable.core.plumbing.certs``).
 Plaintext exists only when asked for by name (``insecure=True``, ``--insecure``): for tests.
 """
 
@@ -16,7 +16,7 @@ import grpc
 from cryptography import x509
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.service import CHANNEL_OPTIONS
+from deniable.core.plumbing.service import CHANNEL_OPTIONS
 
 _ROLE_CACHE_SIZE: Final = 1024
 ROLE_URI_PREFIX: Final = "spiffe://deniable/"

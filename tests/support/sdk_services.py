@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.core.certs import DEV_ROLES, write_dev_certs
-from deniable.core.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing.certs import DEV_ROLES, write_dev_certs
+from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
 from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

@@ -17,7 +17,7 @@ from typing import Any, Final
 import grpc
 from prometheus_client import Counter
 
-from deniable.core.tls import NO_CERTIFICATE, NO_ROLE, PeerRoles
+from deniable.core.plumbing.tls import NO_CERTIFICATE, NO_ROLE, PeerRoles
 
 log = logging.getLogger("deniable.auth")
 
