@@ -16,7 +16,8 @@ from typing import Any, Final
 
 from google.protobuf.message import DecodeError
 
-from deniable.aggregator.handlers import AggregatorHandlers, HandlerError, Unavailable
+from deniable.aggregator.handlers import AggregatorHandlers
+from deniable.core.errors import RequestRefused, Unavailable
 from deniable.core.plumbing.jetstream import CONSUMER, DEFAULT_ACK_WAIT_S, SUBJECT
 from deniable.v1 import deniable_pb2 as pb
 
@@ -85,7 +86,7 @@ class NatsConsumer:
             log.warning("store unavailable; batch redelivered later", extra={"error": str(exc)[:200]})
             await message.nak(delay=RETRY_DELAY_S)
             return
-        except HandlerError as exc:
+        except RequestRefused as exc:
             log.error(
                 "refused a batch from NATS",
                 extra={"batch_id": batch.batch_id[:80], "error": f"{type(exc).__name__}: {str(exc)[:200]}"},

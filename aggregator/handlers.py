@@ -7,7 +7,6 @@ off the event loop (a process pool when configured, else the default thread exec
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
 import math
@@ -42,6 +41,14 @@ from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
 from deniable.core.crypto import kem_named
+from deniable.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidRequest,
+    NotFound,
+    RequestRefused,
+    Unavailable,
+)
 from deniable.core.mechanisms import LocalRandomiser, manipulation
 from deniable.core.mechanisms.base import Estimate, IntArray
 from deniable.core.plumbing.build import version
@@ -77,32 +84,7 @@ MAX_RELEASE_S: Final = 24 * 3600
 MAX_BATCH_TARGET: Final = 1 << 40
 MIN_CHUNK: Final = 512
 POOL_ATTEMPTS: Final = 3
-BATCH_DIGEST_DOMAIN: Final = b"deniable/v1/batch"  # core.batches.batch_digest's prefix
 PAYLOAD_OUT_OF_DOMAIN: Final = int(pb.PAYLOAD_OUT_OF_DOMAIN)
-
-
-class HandlerError(Exception):
-    """A request the aggregator refuses; the message is safe to return to the caller."""
-
-
-class InvalidRequest(HandlerError):
-    """Malformed or out-of-range request fields (INVALID_ARGUMENT)."""
-
-
-class NotFound(HandlerError):
-    """The named campaign does not exist (NOT_FOUND)."""
-
-
-class AlreadyExists(HandlerError):
-    """A campaign id or batch id is already taken (ALREADY_EXISTS)."""
-
-
-class FailedPrecondition(HandlerError):
-    """The request does not fit the campaign's state or kind (FAILED_PRECONDITION)."""
-
-
-class Unavailable(HandlerError):
-    """The aggregator cannot do this work now (decrypt workers down); retry later (UNAVAILABLE)."""
 
 
 def _finite(value: float) -> bool:
@@ -683,7 +665,7 @@ class AggregatorHandlers:
         """Count a shuffled batch once: refuse it whole if its manifest is wrong."""
         try:
             return await self._ingest(batch)
-        except HandlerError:
+        except RequestRefused:
             self.metrics.batch("refused")
             raise
 
@@ -996,19 +978,8 @@ def _counter(randomiser: LocalRandomiser) -> CountCells:
 def _envelopes_and_digest(batch: pb.ShuffledBatch) -> tuple[list[Envelope], bytes]:
     """Plain (campaign, key id, ciphertext) tuples and the manifest digest they give."""
     envelopes: list[Envelope] = [(r.campaign_id, r.key_id, r.ciphertext) for r in batch.reports]
-    return envelopes, manifest_digest([e[2] for e in envelopes])
+    return envelopes, batch_digest([e[2] for e in envelopes])
 
-
-def manifest_digest(ciphertexts: Sequence[bytes]) -> bytes:
-    """``batch_digest``, hashed in one call when every ciphertext has the same length (the rule)."""
-    lengths = set(map(len, ciphertexts))
-    if len(lengths) != 1:
-        return batch_digest(ciphertexts)
-    width = lengths.pop()
-    framed = np.empty((len(ciphertexts), 4 + width), dtype=np.uint8)
-    framed[:, :4] = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
-    framed[:, 4:] = np.frombuffer(b"".join(ciphertexts), dtype=np.uint8).reshape(len(ciphertexts), width)
-    return hashlib.sha256(BATCH_DIGEST_DOMAIN + framed.tobytes()).digest()
 
 
 def _screen(

@@ -8,40 +8,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import Final, TypeVar
+from typing import TypeVar
 
 import grpc
 
-from deniable.aggregator.handlers import (
-    AggregatorHandlers,
-    AlreadyExists,
-    FailedPrecondition,
-    HandlerError,
-    InvalidRequest,
-    NotFound,
-    Unavailable,
-)
+from deniable.aggregator.handlers import AggregatorHandlers
+from deniable.core.errors import RequestRefused
+from deniable.core.plumbing.service import status_code
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 R = TypeVar("R")
 log = logging.getLogger("deniable.aggregator")
-
-_CODES: Final[dict[type[HandlerError], grpc.StatusCode]] = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
-    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-    Unavailable: grpc.StatusCode.UNAVAILABLE,
-}
-
-
-def status_for(error: HandlerError) -> grpc.StatusCode:
-    """The gRPC status of a handler error (FAILED_PRECONDITION for unlisted subclasses)."""
-    for cls in type(error).__mro__:
-        if cls in _CODES:
-            return _CODES[cls]
-    return grpc.StatusCode.FAILED_PRECONDITION
 
 
 class AggregatorServicer(pb_grpc.AggregatorServicer):
@@ -54,8 +32,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
     async def _call(self, rpc: str, context: grpc.aio.ServicerContext[object, R], call: Awaitable[R]) -> R:
         try:
             return await call
-        except HandlerError as exc:
-            code = status_for(exc)
+        except RequestRefused as exc:
+            code = status_code(exc)
             message = str(exc)
         except Exception:
             log.exception("unexpected error", extra={"rpc": rpc})

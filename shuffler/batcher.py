@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from deniable.core.errors import Unavailable
 from deniable.core.rng import default_rng
 from deniable.shuffler.campaigns import CampaignDirectory
-from deniable.shuffler.errors import Unavailable
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import Permutation, SpoolStore

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import grpc
 
-from deniable.shuffler.errors import Unavailable
+from deniable.core.errors import Unavailable
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 

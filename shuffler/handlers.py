@@ -16,10 +16,10 @@ from typing import Final
 
 from google.protobuf.message import DecodeError
 
+from deniable.core.errors import InvalidRequest, NotFound, QuotaExceeded, RequestRefused, Unavailable
 from deniable.core.plumbing.metrics import reason_label
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
-from deniable.shuffler.errors import InvalidRequest, NotFound, QuotaExceeded, ShufflerError, Unavailable
 from deniable.shuffler.forwarder import Pipeline
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.quota import SourceKeys, SourceQuota
@@ -30,7 +30,7 @@ from deniable.v1 import deniable_pb2 as pb
 
 log = logging.getLogger("deniable.shuffler")
 
-__all__ = ["InvalidRequest", "NotFound", "ShufflerError", "ShufflerHandlers", "Unavailable"]
+__all__ = ["InvalidRequest", "NotFound", "RequestRefused", "ShufflerHandlers", "Unavailable"]
 
 DEFAULT_MAX_REPORTS_PER_REQUEST: Final = 10_000
 MAX_CAMPAIGNS_PER_REQUEST: Final = 256

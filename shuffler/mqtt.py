@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Final
 import grpc
 from prometheus_client import Counter
 
+from deniable.core.errors import RequestRefused
 from deniable.core.plumbing import mqtt
 from deniable.core.plumbing.mqtt import BrokerAddress
+from deniable.core.plumbing.service import status_code
 from deniable.core.rng import default_rng
 from deniable.shuffler.campaigns import valid_campaign_id
-from deniable.shuffler.errors import ShufflerError, status_code
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.rawsubmit import RawSubmit
@@ -228,7 +229,7 @@ class MqttIngress:
             return self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
             response = await self._handlers.submit(RawSubmit(bytes(payload)))
-        except ShufflerError as exc:
+        except RequestRefused as exc:
             return self._refuse(status_code(exc), str(exc))
         except Exception:
             log.exception("unexpected failure in submit over MQTT")
@@ -247,7 +248,7 @@ class MqttIngress:
                 await self._announce(client)
             except aiomqtt.MqttError:
                 return  # the session's message loop sees the lost connection and reconnects
-            except ShufflerError as exc:
+            except RequestRefused as exc:
                 log.warning("cannot list campaigns to announce", extra={"error": str(exc)})
             except Exception:
                 log.exception("unexpected failure announcing campaigns")

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import grpc
 
-from deniable.shuffler.errors import QuotaExceeded
+from deniable.core.errors import QuotaExceeded
 from deniable.v1 import deniable_pb2 as pb
 
 DEFAULT_QUOTA_PER_SOURCE: Final = 1000

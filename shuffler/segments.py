@@ -15,7 +15,6 @@ only. Pending segments are deleted (``secure_delete``) when their reports enter 
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -26,6 +25,7 @@ from typing import Final, Protocol, overload, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from deniable.core.batches import batch_digest, rows_digest
 from deniable.shuffler.spool import (
     BatchRecord,
     CampaignSpoolStats,
@@ -40,7 +40,6 @@ from deniable.v1 import deniable_pb2 as pb
 
 U32: Final = np.dtype("<u4")
 PAGE_SIZE: Final = 65536
-_DIGEST_DOMAIN: Final = b"deniable/v1/batch"
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS pending_segments (
@@ -174,19 +173,11 @@ class Columns:
         )
 
     def digest(self) -> bytes:
-        """``core.batches.batch_digest`` of the ciphertexts, in one hash call when lengths are equal."""
-        digest = hashlib.sha256(_DIGEST_DOMAIN)
+        """``core.batches.batch_digest`` of the ciphertexts, in one pass when lengths are equal."""
         width = self.width()
         if width is None:
-            for ciphertext in self.ciphertexts():
-                digest.update(len(ciphertext).to_bytes(4, "big"))
-                digest.update(ciphertext)
-            return digest.digest()
-        framed = np.empty((self.count, 4 + width), dtype=np.uint8)
-        framed[:, :4] = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
-        framed[:, 4:] = self.data.reshape(self.count, width)
-        digest.update(framed.data)
-        return digest.digest()
+            return batch_digest(list(self.ciphertexts()))
+        return rows_digest(self.data.reshape(self.count, width))
 
     def blobs(self) -> tuple[Bytes, Bytes, Bytes]:
         """The three blobs to store (contiguous arrays, which SQLite binds as BLOBs)."""
@@ -340,7 +331,7 @@ def batch_wire(
             columns.data.reshape(columns.count, width), order, axis=0, out=rows[:, len(prefix) :], mode="clip"
         )
         if digest is None:
-            digest = _framed_digest(rows[:, len(prefix) :], width)
+            digest = rows_digest(rows[:, len(prefix) :])
     else:
         chunk = columns.take(order)
         digest = chunk.digest() if digest is None else digest
@@ -353,22 +344,6 @@ def batch_wire(
     wire[-32 - len(_DIGEST_FIELD_TAG) :] = _DIGEST_FIELD_TAG + digest
     return wire, digest
 
-
-_DIGEST_BLOCK: Final = 65536
-"""Rows framed and hashed at a time: the digest needs no second copy of a 48 MiB batch."""
-
-
-def _framed_digest(rows: npt.NDArray[np.uint8], width: int) -> bytes:
-    """``core.batches.batch_digest`` of equal-width ciphertext rows, framed block by block."""
-    hashed = hashlib.sha256(_DIGEST_DOMAIN)
-    length = np.frombuffer(width.to_bytes(4, "big"), dtype=np.uint8)
-    for start in range(0, rows.shape[0], _DIGEST_BLOCK):
-        block = rows[start : start + _DIGEST_BLOCK]
-        framed = np.empty((block.shape[0], 4 + width), dtype=np.uint8)
-        framed[:, :4] = length
-        framed[:, 4:] = block
-        hashed.update(framed.data)
-    return hashed.digest()
 
 
 def parse_batch_wire(wire: bytes | bytearray) -> BatchRecord:

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from deniable.shuffler.errors import ShufflerError, status_code
+from deniable.core.errors import RequestRefused
+from deniable.core.plumbing.service import status_code
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.rawsubmit import RawSubmit
@@ -67,7 +68,7 @@ class ShufflerServicer(deniable_pb2_grpc.ShufflerServicer):
     async def _call(self, rpc: str, context: Context, work: Awaitable[_T]) -> _T:
         try:
             return await work
-        except ShufflerError as exc:
+        except RequestRefused as exc:
             code = status_code(exc)
             message = str(exc)
         except Exception:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
-from deniable.core.errors import ConfigurationError
+from deniable.core.errors import ConfigurationError, RequestRefused
 
 if TYPE_CHECKING:  # grpcio-health-checking is a server dependency, not the device SDK's
     from grpc_health.v1 import health_pb2
@@ -33,6 +33,11 @@ CHANNEL_OPTIONS: Final = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+
+
+def status_code(error: RequestRefused) -> grpc.StatusCode:
+    """The gRPC status a handler's refusal ends a call with (the gRPC and the MQTT face alike)."""
+    return grpc.StatusCode[error.status]
 
 
 def new_server(

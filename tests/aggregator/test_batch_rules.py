@@ -10,9 +10,10 @@ import grpc
 import pytest
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.aggregator.handlers import AggregatorHandlers, FailedPrecondition, InvalidRequest
+from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.server import RunningAggregator
 from deniable.core.campaigns import randomiser_for
+from deniable.core.errors import FailedPrecondition, InvalidRequest
 from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

@@ -1,5 +1,5 @@
 """Fuzzing the aggregator's handlers: random and mutated-valid requests never crash a handler (only
-HandlerError, which the servicer maps to a clear status), and invalid reports never change a count.
+RequestRefused, which the servicer maps to a clear status), and invalid reports never change a count.
 
 Default run: a few dozen examples (seconds); ``pytest -m slow`` runs the larger profile.
 """
@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deniable.aggregator.handlers import AggregatorHandlers, HandlerError
+from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.store import SqliteAggregatorStore
+from deniable.core.errors import RequestRefused
 from deniable.v1 import deniable_pb2 as pb
 
 QUICK = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -64,10 +65,10 @@ class World:
         return self.runner.run(self.store.snapshot("f", 2)).n
 
     def ingest(self, batch: pb.ShuffledBatch) -> pb.IngestBatchResponse | None:
-        """The response, or None for a HandlerError; anything else fails the test."""
+        """The response, or None for a RequestRefused; anything else fails the test."""
         try:
             return self.runner.run(self.handlers.ingest_batch(batch))
-        except HandlerError:
+        except RequestRefused:
             return None
 
 
@@ -152,7 +153,7 @@ _requests = st.builds(
 
 
 def test_create_get_query_fuzz_never_crash(tmp_path: Path, kit: Any) -> None:
-    """Random CreateCampaign, GetCampaign and query requests: a result or a HandlerError only, and a
+    """Random CreateCampaign, GetCampaign and query requests: a result or a RequestRefused only, and a
     created campaign can always be queried (values that would break a later query are refused)."""
     with asyncio.Runner() as runner:
         world = World(runner, tmp_path, kit)
@@ -163,12 +164,12 @@ def test_create_get_query_fuzz_never_crash(tmp_path: Path, kit: Any) -> None:
         def create(request: pb.CreateCampaignRequest) -> None:
             try:
                 created = runner.run(handlers.create_campaign(request))
-            except HandlerError:
+            except RequestRefused:
                 return
             query = pb.QueryRequest(campaign_id=created.id)
             try:
                 runner.run(handlers.query(query, binary=created.kind == pb.BINARY))
-            except HandlerError as exc:  # an empty campaign may be refused as such, never crash
+            except RequestRefused as exc:  # an empty campaign may be refused as such, never crash
                 assert "INTERNAL" not in str(exc)
 
         @QUICK
@@ -179,7 +180,7 @@ def test_create_get_query_fuzz_never_crash(tmp_path: Path, kit: Any) -> None:
                 handlers.query(pb.QueryRequest(campaign_id=campaign_id, confidence=confidence), binary),
                 handlers.close_campaign(pb.KeyCloseCampaignRequest(campaign_id=campaign_id + "zz")),
             ):
-                with contextlib.suppress(HandlerError):
+                with contextlib.suppress(RequestRefused):
                     runner.run(call)
 
         try:

@@ -11,19 +11,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
-from deniable.aggregator.handlers import (
-    AggregatorHandlers,
-    AlreadyExists,
-    FailedPrecondition,
-    InvalidRequest,
-    NotFound,
-)
+from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.store import SqliteAggregatorStore
 from deniable.core.accounting import central_guarantee
 from deniable.core.campaigns import randomiser_for
 from deniable.core.crypto import SUITE_NAME, KeyPair
+from deniable.core.errors import AlreadyExists, FailedPrecondition, InvalidRequest, NotFound
 from deniable.core.rng import Csprng
 from deniable.v1 import deniable_pb2 as pb
 

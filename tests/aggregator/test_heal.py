@@ -102,7 +102,7 @@ def test_die_with_parent_exits_when_the_parent_dies() -> None:
     """The watcher alone (no PR_SET_PDEATHSIG) notices the parent's death: a portable fallback."""
     script = (
         "import multiprocessing as mp, os, sys, time\n"
-        "from deniable.core import process\n"
+        "from deniable.core.plumbing import process\n"
         "def child(parent):\n"
         "    process._set_pdeathsig = lambda sig: False  # as on a kernel without prctl\n"
         "    process.die_with_parent(parent, interval=0.05)\n"

@@ -19,8 +19,9 @@ import grpc
 import pytest
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.aggregator.handlers import MAX_EXPECTED_N, MIN_EPSILON0, AggregatorHandlers, InvalidRequest
+from deniable.aggregator.handlers import MAX_EXPECTED_N, MIN_EPSILON0, AggregatorHandlers
 from deniable.core.accounting import planner
+from deniable.core.errors import InvalidRequest
 from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc

@@ -75,7 +75,7 @@ async def test_an_operator_given_m_scales_the_budget_and_is_named(
     handlers: AggregatorHandlers, kit: Kit
 ) -> None:
     """The operator may state m (e.g. quota × sources); the budget is linear in it and says so."""
-    from deniable.aggregator.handlers import InvalidRequest
+    from deniable.core.errors import InvalidRequest
 
     campaign = await handlers.create_campaign(kit.binary_request())
     batch = [kit.seal(campaign, i % 2).report for i in range(200)]

@@ -71,19 +71,6 @@ def test_open_packed_of_nothing() -> None:
     assert unpack_opened(open_packed(CAMPAIGN, LENGTH, LENGTH + 48, {}, b"", b"")) == []
 
 
-def test_manifest_digest_is_batch_digest() -> None:
-    from deniable.aggregator.handlers import manifest_digest
-    from deniable.core.batches import batch_digest
-    from deniable.core.rng import default_rng
-
-    for ciphertexts in (
-        [default_rng().bytes(144) for _ in range(30)],
-        [b"a", b"bc", b""],
-        [b"x" * 7],
-        [],
-    ):
-        assert manifest_digest(ciphertexts) == batch_digest(ciphertexts)
-
 
 def test_open_packed_opens_hybrid_kem_reports_like_open_reports() -> None:
     """The pool's fast path with ML-KEM-768 + X25519 keys (96-byte private keys as plain bytes)."""

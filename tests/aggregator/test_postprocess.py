@@ -11,7 +11,7 @@ import pytest
 from scipy.optimize import minimize
 
 from deniable.aggregator import postprocess
-from deniable.aggregator.handlers import AggregatorHandlers, InvalidRequest
+from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.postprocess import (
     Options,
     apply,
@@ -23,6 +23,7 @@ from deniable.aggregator.postprocess import (
     top_k,
 )
 from deniable.core.campaigns import randomiser_for
+from deniable.core.errors import InvalidRequest
 from deniable.core.rng import Csprng
 from deniable.v1 import deniable_pb2 as pb
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.aggregator.handlers import AggregatorHandlers, FailedPrecondition, InvalidRequest
+from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.store import SqliteAggregatorStore
 from deniable.core.crypto import HYBRID_SUITE_NAME, SUITE_NAME, verify_campaign
-from deniable.core.errors import ConfigurationError
+from deniable.core.errors import ConfigurationError, FailedPrecondition, InvalidRequest
 from deniable.v1 import deniable_pb2 as pb
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 import pytest
 
-from deniable.shuffler.errors import QuotaExceeded, status_code
+from deniable.core.errors import QuotaExceeded
+from deniable.core.plumbing.service import status_code
 from deniable.shuffler.quota import SourceQuota
 from deniable.v1 import deniable_pb2 as pb
 
