@@ -19,22 +19,12 @@ from typing import Any, Final
 import grpc
 import numpy as np
 
-from deniable.shuffler.segments import U32, Columns, report_prefix
+from deniable.core.protowire import read_varint, report_prefix
+from deniable.shuffler.segments import U32, Columns
 from deniable.v1 import deniable_pb2 as pb
 
 SUBMIT_METHOD: Final = "/deniable.v1.Shuffler/SubmitReports"
 
-
-def _read_varint(data: bytes, offset: int) -> tuple[int, int] | None:
-    """(value, next offset) of the varint at ``offset``, or None if truncated or over 5 bytes."""
-    value = shift = 0
-    for position in range(offset, min(len(data), offset + 5)):
-        byte = data[position]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position + 1
-        shift += 7
-    return None
 
 
 class RawSubmit:
@@ -86,14 +76,14 @@ class RawSubmit:
         raw = self.raw
         if len(raw) < 4 or raw[0] != 0x0A:
             return None
-        outer = _read_varint(raw, 1)
+        outer = read_varint(raw, 1)
         if outer is None:
             return None
         inner_length, at = outer
         end = at + inner_length
         if end > len(raw) or at >= len(raw) or raw[at] != 0x0A:
             return None
-        name = _read_varint(raw, at + 1)
+        name = read_varint(raw, at + 1)
         if name is None or name[0] > 64:
             return None
         name_length, at = name
@@ -104,13 +94,13 @@ class RawSubmit:
         at += name_length
         key_id = 0
         if at < end and raw[at] == 0x10:
-            key = _read_varint(raw, at + 1)
+            key = read_varint(raw, at + 1)
             if key is None:
                 return None
             key_id, at = key
         if at >= end or raw[at] != 0x1A:
             return None
-        cipher = _read_varint(raw, at + 1)
+        cipher = read_varint(raw, at + 1)
         if cipher is None:
             return None
         width, at = cipher

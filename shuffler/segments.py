@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deniable.core.batches import batch_digest, rows_digest
+from deniable.core.protowire import length_delimited, report_prefix, varint
 from deniable.shuffler.spool import (
     BatchRecord,
     CampaignSpoolStats,
@@ -40,6 +41,7 @@ from deniable.v1 import deniable_pb2 as pb
 
 U32: Final = np.dtype("<u4")
 PAGE_SIZE: Final = 65536
+BATCH_REPORTS_FIELD: Final = 3  # ShuffledBatch.reports
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS pending_segments (
@@ -225,31 +227,6 @@ class ColumnReports(Sequence[Envelope]):
         return everything[index]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if not value:
-            out.append(byte)
-            return bytes(out)
-        out.append(byte | 0x80)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field (omitted when empty, as proto3 does)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload if payload else b""
-
-
-def report_prefix(campaign: bytes, key_id: int, length: int, field_number: int = 3) -> bytes:
-    """Everything of one encoded ``EncryptedReport`` element before its ciphertext.
-
-    Field 3 of ShuffledBatch, field 1 of SubmitReportsRequest; proto3 canonical encoding (fields
-    in order, defaults omitted), which is what the protobuf runtime writes.
-    """
-    inner_head = _field(1, campaign) + (b"\x10" + _varint(key_id) if key_id else b"")
-    inner_head += _varint(3 << 3 | 2) + _varint(length) if length else b""
-    return _varint(field_number << 3 | 2) + _varint(len(inner_head) + length) + inner_head
 
 
 _DIGEST_FIELD_TAG: Final = bytes([4 << 3 | 2, 32])  # ShuffledBatch.digest, 32 bytes
@@ -276,9 +253,9 @@ class ReleaseChunk:
 
     def wire(self) -> bytes:
         """ShuffledBatch fields 9-12 (release id, chunk index, chunk count, release messages)."""
-        out = _field(9, self.release_id.encode("utf-8"))
+        out = length_delimited(9, self.release_id.encode("utf-8"))
         for number, value in ((10, self.index), (11, self.count), (12, self.messages)):
-            out += _varint(number << 3) + _varint(value) if value else b""
+            out += varint(number << 3) + varint(value) if value else b""
         return out
 
 
@@ -313,13 +290,13 @@ def batch_wire(
     last: protobuf fields may come in any order, so the message is built before it is known.
     """
     campaign = campaign_id.encode("utf-8")
-    head = _field(1, batch_id.encode("utf-8")) + _field(2, campaign)
+    head = length_delimited(1, batch_id.encode("utf-8")) + length_delimited(2, campaign)
     head += release.wire() if release is not None else b""
     width = columns.width()
     count = int(order.size)
     keys = columns.key_ids[order] if count else columns.key_ids[:0]
     if count and width is not None and bool(np.all(keys == keys[0])):
-        prefix = report_prefix(campaign, int(keys[0]), width)
+        prefix = report_prefix(campaign, int(keys[0]), width, BATCH_REPORTS_FIELD)
         element = len(prefix) + width
         wire = bytearray(len(head) + count * element + len(_DIGEST_FIELD_TAG) + 32)
         wire[: len(head)] = head
@@ -337,7 +314,7 @@ def batch_wire(
         digest = chunk.digest() if digest is None else digest
         parts = [head]
         for key_id, ciphertext in zip(chunk.key_ids.tolist(), chunk.ciphertexts(), strict=True):
-            parts.append(report_prefix(campaign, key_id, len(ciphertext)) + ciphertext)
+            parts.append(report_prefix(campaign, key_id, len(ciphertext), BATCH_REPORTS_FIELD) + ciphertext)
         wire = bytearray(b"".join(parts) + bytes(len(_DIGEST_FIELD_TAG) + 32))
     if len(digest) != 32:
         raise ValueError("a batch digest is 32 bytes")

@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from deniable.core.protowire import report_element
 from deniable.v1 import deniable_pb2 as pb
 
 SUBMIT_METHOD: Final = "/deniable.v1.Shuffler/SubmitReports"
@@ -363,17 +364,6 @@ def seal_population(
 # --- wire helpers ---------------------------------------------------------------------------------
 
 
-def varint(value: int) -> bytes:
-    """Protobuf base-128 varint."""
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def report_elements(
@@ -385,13 +375,7 @@ def report_elements(
     report once lets a driver form requests of any size without protobuf work at send time.
     """
     cid = campaign_id.encode()
-    head = b"\x0a" + varint(len(cid)) + cid + (b"\x10" + varint(key_id) if key_id else b"")
-    tag = varint(field_number << 3 | 2)
-    out = []
-    for ciphertext in ciphertexts:
-        inner = head + b"\x1a" + varint(len(ciphertext)) + ciphertext
-        out.append(tag + varint(len(inner)) + inner)
-    return out
+    return [report_element(cid, key_id, ciphertext, field_number) for ciphertext in ciphertexts]
 
 
 def submit_callable(channel: grpc.aio.Channel) -> Any:
