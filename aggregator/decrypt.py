@@ -12,8 +12,9 @@ from typing import Final
 import numpy as np
 
 from deniable.core.crypto import DecryptionError, KeyPair, open_report
+from deniable.core.ids import MAX_CAMPAIGN_ID_BYTES
 from deniable.core.wire import MalformedPlaintext, decode
-from deniable.core.wire.codec import HEADER_LENGTH, MAX_CAMPAIGN_ID_BYTES, REPORT_ID_LENGTH, VERSION
+from deniable.core.wire.codec import HEADER_LENGTH, REPORT_ID_LENGTH, VERSION
 from deniable.v1 import deniable_pb2 as pb
 
 OK: Final = 0

@@ -39,7 +39,7 @@ from deniable.core import mechanisms
 from deniable.core.accounting import planner
 from deniable.core.accounting.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
-from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for, valid_campaign_id
+from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for
 from deniable.core.crypto import kem_named
 from deniable.core.errors import (
     AlreadyExists,
@@ -49,6 +49,7 @@ from deniable.core.errors import (
     RequestRefused,
     Unavailable,
 )
+from deniable.core.ids import valid_campaign_id
 from deniable.core.mechanisms import LocalRandomiser, manipulation
 from deniable.core.mechanisms.base import Estimate, IntArray
 from deniable.core.plumbing.build import version
@@ -979,7 +980,6 @@ def _envelopes_and_digest(batch: pb.ShuffledBatch) -> tuple[list[Envelope], byte
     """Plain (campaign, key id, ciphertext) tuples and the manifest digest they give."""
     envelopes: list[Envelope] = [(r.campaign_id, r.key_id, r.ciphertext) for r in batch.reports]
     return envelopes, batch_digest([e[2] for e in envelopes])
-
 
 
 def _screen(

@@ -22,8 +22,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from deniable.client.transport import RETRYABLE_CODES, TransportError
-from deniable.core.campaigns import valid_campaign_id
 from deniable.core.errors import ConfigurationError
+from deniable.core.ids import valid_campaign_id
 from deniable.core.plumbing import mqtt
 from deniable.core.plumbing.mqtt import BrokerAddress
 from deniable.v1 import deniable_pb2 as pb

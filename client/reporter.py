@@ -40,7 +40,6 @@ from deniable.core.campaigns import (
     layout_for,
     mechanism_has_local_guarantee,
     randomiser_for,
-    valid_campaign_id,
 )
 from deniable.core.crypto import (
     CampaignSignatureError,
@@ -49,6 +48,7 @@ from deniable.core.crypto import (
     seal_report,
     verify_campaign,
 )
+from deniable.core.ids import valid_campaign_id
 from deniable.core.rng import Csprng, default_rng
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.v1 import deniable_pb2 as pb

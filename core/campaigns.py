@@ -12,7 +12,6 @@ from deniable.core import mechanisms
 from deniable.core.crypto import SUITE_NAME, ciphertext_length
 from deniable.core.mechanisms import LocalRandomiser
 from deniable.core.wire import plaintext_length
-from deniable.core.wire.codec import CAMPAIGN_ID_PATTERN
 from deniable.v1 import deniable_pb2 as pb
 
 BINARY_LABELS = ("no", "yes")
@@ -25,11 +24,6 @@ class ReportLayout:
     payload_length: int
     plaintext_length: int
     ciphertext_length: int
-
-
-def valid_campaign_id(campaign_id: str) -> bool:
-    """Lower-case letters, digits, '.', '_' and '-', 1 to 63 characters, starting alphanumeric."""
-    return bool(CAMPAIGN_ID_PATTERN.fullmatch(campaign_id))
 
 
 def layout_for(randomiser: LocalRandomiser, suite_name: str = SUITE_NAME) -> ReportLayout:

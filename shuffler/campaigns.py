@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import grpc
 
 from deniable.core.errors import Unavailable
+from deniable.core.ids import valid_campaign_id
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -28,16 +28,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("deniable.shuffler.campaigns")
 
-CAMPAIGN_ID: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _MISSING_CODES: Final = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
 _MAX_REMEMBERED_ATTEMPTS: Final = 10_000
 
 Outcome = Literal["found", "missing", "unavailable"]
-
-
-def valid_campaign_id(campaign_id: str) -> bool:
-    """Whether the id has the contract's shape; others are unknown without asking upstream."""
-    return CAMPAIGN_ID.fullmatch(campaign_id) is not None
 
 
 @dataclass

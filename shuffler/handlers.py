@@ -17,9 +17,10 @@ from typing import Final
 from google.protobuf.message import DecodeError
 
 from deniable.core.errors import InvalidRequest, NotFound, QuotaExceeded, RequestRefused, Unavailable
+from deniable.core.ids import valid_campaign_id
 from deniable.core.plumbing.metrics import reason_label
 from deniable.shuffler.batcher import Batcher
-from deniable.shuffler.campaigns import CampaignDirectory, valid_campaign_id
+from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.forwarder import Pipeline
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.quota import SourceKeys, SourceQuota

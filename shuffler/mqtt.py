@@ -25,11 +25,11 @@ import grpc
 from prometheus_client import Counter
 
 from deniable.core.errors import RequestRefused
+from deniable.core.ids import valid_campaign_id
 from deniable.core.plumbing import mqtt
 from deniable.core.plumbing.mqtt import BrokerAddress
 from deniable.core.plumbing.service import status_code
 from deniable.core.rng import default_rng
-from deniable.shuffler.campaigns import valid_campaign_id
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.rawsubmit import RawSubmit

@@ -26,7 +26,6 @@ from deniable.v1 import deniable_pb2 as pb
 SUBMIT_METHOD: Final = "/deniable.v1.Shuffler/SubmitReports"
 
 
-
 class RawSubmit:
     """A SubmitReportsRequest kept as bytes; ``reports`` parses it (once) like the real message."""
 

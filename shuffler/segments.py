@@ -227,8 +227,6 @@ class ColumnReports(Sequence[Envelope]):
         return everything[index]
 
 
-
-
 _DIGEST_FIELD_TAG: Final = bytes([4 << 3 | 2, 32])  # ShuffledBatch.digest, 32 bytes
 
 
@@ -320,7 +318,6 @@ def batch_wire(
         raise ValueError("a batch digest is 32 bytes")
     wire[-32 - len(_DIGEST_FIELD_TAG) :] = _DIGEST_FIELD_TAG + digest
     return wire, digest
-
 
 
 def parse_batch_wire(wire: bytes | bytearray) -> BatchRecord:

@@ -364,8 +364,6 @@ def seal_population(
 # --- wire helpers ---------------------------------------------------------------------------------
 
 
-
-
 def report_elements(
     campaign_id: str, key_id: int, ciphertexts: Sequence[bytes], field_number: int
 ) -> list[bytes]:

@@ -1,8 +1,8 @@
 """Fixed-length plaintext codec for one report."""
 
+from deniable.core.ids import MAX_CAMPAIGN_ID_BYTES
 from deniable.core.wire.codec import (
     HEADER_LENGTH,
-    MAX_CAMPAIGN_ID_BYTES,
     REPORT_ID_LENGTH,
     MalformedPlaintext,
     Plaintext,

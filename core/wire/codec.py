@@ -11,20 +11,18 @@ answer. Decoding is strict: wrong version, lengths or non-zero padding are rejec
 
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass
 from typing import Final
 
+from deniable.core.ids import CAMPAIGN_ID_PATTERN, MAX_CAMPAIGN_ID_BYTES
 from deniable.core.rng import Csprng, default_rng
 
 VERSION: Final = 1
 REPORT_ID_LENGTH: Final = 16
-MAX_CAMPAIGN_ID_BYTES: Final = 64
 _HEAD = struct.Struct(">B16sIB64sH")
 HEADER_LENGTH: Final = _HEAD.size  # 88
 PAD_MULTIPLE: Final = 16
-CAMPAIGN_ID_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
 class MalformedPlaintext(ValueError):

@@ -71,7 +71,6 @@ def test_open_packed_of_nothing() -> None:
     assert unpack_opened(open_packed(CAMPAIGN, LENGTH, LENGTH + 48, {}, b"", b"")) == []
 
 
-
 def test_open_packed_opens_hybrid_kem_reports_like_open_reports() -> None:
     """The pool's fast path with ML-KEM-768 + X25519 keys (96-byte private keys as plain bytes)."""
     pair = KeyPair.generate(4, KEM_HYBRID)

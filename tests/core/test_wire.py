@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from deniable.core.campaigns import valid_campaign_id
+from deniable.core.ids import valid_campaign_id
 from deniable.core.rng import Csprng
 from deniable.core.wire import (
     HEADER_LENGTH,
