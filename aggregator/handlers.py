@@ -37,7 +37,7 @@ from deniable.aggregator.store import (
 )
 from deniable.core import mechanisms
 from deniable.core.accounting import planner
-from deniable.core.accounting.shuffle import LOCAL_ONLY
+from deniable.core.amplification.shuffle import LOCAL_ONLY
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import BINARY_LABELS, layout_for, randomiser_for
 from deniable.core.crypto import kem_named

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from deniable.core.accounting._binomial import FloatArray, chernoff_window, pmf_run
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification._binomial import FloatArray, chernoff_window, pmf_run
+from deniable.core.amplification.protocols import (
     GRID,
     GRID_BITS,
     balcer_cheu_exact_delta,
@@ -28,7 +28,7 @@ from deniable.core.accounting.protocols import (
     balcer_cheu_exact_guarantee,
     balcer_cheu_guarantee,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import Estimate, LocalRandomiser, Tally
 from deniable.core.mechanisms.exact import z_score
 from deniable.core.mechanisms.sample_threshold import (

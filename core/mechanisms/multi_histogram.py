@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.protocols import (
     GRID,
     grid_up,
     multi_histogram_delta,
@@ -26,7 +26,7 @@ from deniable.core.accounting.protocols import (
     polya_law,
     share_hiding_distance,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import Estimate, FloatArray, LocalRandomiser, Tally
 from deniable.core.mechanisms.multi_sum import MAX_MESSAGES, MAX_MODULUS, default_modulus
 from deniable.core.mechanisms.sample_threshold import (

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, ClassVar
 
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.protocols import (
     GRID,
     grid_up,
     multi_sum_delta,
@@ -33,7 +33,7 @@ from deniable.core.accounting.protocols import (
     polya_law,
     share_hiding_distance,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import Estimate, FloatArray, LocalRandomiser, Tally, normal_estimates
 from deniable.core.mechanisms.sample_threshold import (
     DEFAULT_DELTA,

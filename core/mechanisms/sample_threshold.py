@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
-from deniable.core.accounting._binomial import log_pmf
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification._binomial import log_pmf
+from deniable.core.amplification.protocols import (
     sample_threshold_add_delta,
     sample_threshold_delta,
     sample_threshold_guarantee,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import (
     Estimate,
     FloatArray,

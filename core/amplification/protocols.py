@@ -22,9 +22,9 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
-from deniable.core.accounting._binomial import chernoff_window, kl_bernoulli, pmf_run
-from deniable.core.accounting.analyses import BinaryRRExact, NotApplicable, search_epsilon
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification._binomial import chernoff_window, kl_bernoulli, pmf_run
+from deniable.core.amplification.analyses import BinaryRRExact, NotApplicable, search_epsilon
+from deniable.core.amplification.shuffle import AmplificationBound
 
 if TYPE_CHECKING:
     import numpy as np
