@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 
 from deniable.core.amplification._binomial import chernoff_window, kl_bernoulli, pmf_run
 from deniable.core.amplification.analyses import BinaryRRExact, NotApplicable, search_epsilon
+from deniable.core.amplification.grid_search import dyadic_bracket, smallest_meeting
 from deniable.core.amplification.shuffle import AmplificationBound
 
 if TYPE_CHECKING:
@@ -115,24 +116,7 @@ def cheu_flip_for_target(epsilon: float, delta: float, n: int) -> int:
     def meets(g: int) -> bool:
         return cheu_guarantee(Fraction(g, GRID), n, delta).epsilon <= epsilon
 
-    if meets(1):
-        return 1
-    # gamma = 2**e: smallest exponent that meets the target (gamma = 1 always does).
-    lo_e, hi_e = 0, GRID_BITS
-    while hi_e - lo_e > 1:
-        mid = (lo_e + hi_e) // 2
-        if meets(1 << mid):
-            hi_e = mid
-        else:
-            lo_e = mid
-    lo, hi = 1 << lo_e, 1 << hi_e  # meets(lo) is False, meets(hi) is True
-    while hi - lo > max(1, hi >> 7):
-        mid = (lo + hi) // 2
-        if meets(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return smallest_meeting(meets, *dyadic_bracket(meets, GRID_BITS))  # gamma = 1 always meets it
 
 
 # =========================================================================== Balcer & Cheu 2020
@@ -297,23 +281,11 @@ def balcer_cheu_exact_gamma(epsilon: float, delta: float, n: int) -> int:
             f"balcer_cheu_histogram cannot reach epsilon={epsilon:g}, delta={delta:g} at expected_n={n};"
             f" the smallest n that can is {balcer_cheu_min_n(epsilon, delta)}"
         )
-    lo_e, hi_e = 0, GRID_BITS - 1  # 2**hi_e = 1/2 meets the target
-    if _bc_meets(1, epsilon, delta, n):
-        return 1
-    while hi_e - lo_e > 1:
-        mid = (lo_e + hi_e) // 2
-        if _bc_meets(1 << mid, epsilon, delta, n):
-            hi_e = mid
-        else:
-            lo_e = mid
-    lo, hi = 1 << lo_e, 1 << hi_e
-    while hi - lo > max(1, hi >> 7):
-        mid = (lo + hi) // 2
-        if _bc_meets(mid, epsilon, delta, n):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+
+    def meets(g: int) -> bool:
+        return _bc_meets(g, epsilon, delta, n)
+
+    return smallest_meeting(meets, *dyadic_bracket(meets, GRID_BITS - 1))  # 2**(GRID_BITS-1) = 1/2 meets
 
 
 # =========================================================================== sample and threshold
