@@ -495,22 +495,11 @@ def multi_sum_guarantee(
     def total(eps: float) -> float:
         return multi_sum_delta(n, p, m, q, eps, polya_shares)
 
-    previous, upper = 0.0, 1 / 64
-    while total(upper) > delta:
-        previous, upper = upper, upper * 1.25
-        if upper > 50:
-            return not_applicable(analysis, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
-    if previous > 0 or total(0.0) > delta:
-        for _ in range(60):  # total(previous) > delta >= total(upper); the crossing lies between
-            mid = (previous + upper) / 2
-            if total(mid) <= delta:
-                upper = mid
-            else:
-                previous = mid
-            if upper - previous <= 1e-9 * upper:
-                break
-    else:
-        upper = 0.0
+    bracket = _scan_up(total, delta)
+    if bracket is None:
+        return not_applicable(analysis, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
+    previous, upper = bracket
+    upper = _bisect_crossing(total, delta, previous, upper) if previous > 0 or total(0.0) > delta else 0.0
     law = (
         f"NB(n/{polya_shares}, a)-NB(n/{polya_shares}, a), P[draw > 0]={p:.6g}"
         if polya_shares > 0
@@ -547,15 +536,19 @@ def multi_histogram_delta(n: int, p: float, m: int, q: int, epsilon: float, shar
     return min(1.0, noise + (1 + math.exp(epsilon)) * 2 * eta)
 
 
-def _first_crossing(total: Callable[[float], float], delta: float) -> float:
-    """Smallest eps (to 1e-9 relative) with total(eps) <= delta scanning up from 0; inf past 50."""
+def _scan_up(total: Callable[[float], float], delta: float) -> tuple[float, float] | None:
+    """(previous, upper): the first upper in 1/64, 1/64 x 1.25, ... with total(upper) <= delta and
+    the step before it (0 for the first); None past 50."""
     previous, upper = 0.0, 1 / 64
-    if total(0.0) <= delta:
-        return 0.0
     while total(upper) > delta:
         previous, upper = upper, upper * 1.25
         if upper > 50:
-            return math.inf
+            return None
+    return previous, upper
+
+
+def _bisect_crossing(total: Callable[[float], float], delta: float, previous: float, upper: float) -> float:
+    """Narrow total(previous) > delta >= total(upper) to 1e-9 relative; the valid end is returned."""
     for _ in range(60):
         mid = (previous + upper) / 2
         if total(mid) <= delta:
@@ -565,6 +558,14 @@ def _first_crossing(total: Callable[[float], float], delta: float) -> float:
         if upper - previous <= 1e-9 * upper:
             break
     return upper
+
+
+def _first_crossing(total: Callable[[float], float], delta: float) -> float:
+    """Smallest eps (to 1e-9 relative) with total(eps) <= delta scanning up from 0; inf past 50."""
+    if total(0.0) <= delta:
+        return 0.0
+    bracket = _scan_up(total, delta)
+    return math.inf if bracket is None else _bisect_crossing(total, delta, *bracket)
 
 
 @functools.lru_cache(maxsize=256)

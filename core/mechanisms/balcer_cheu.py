@@ -168,12 +168,8 @@ class BalcerCheuHistogram(LocalRandomiser):
         return self._payloads(self._message_counts(np.array([int(value)]), rng or default_rng()))[0]
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
-        for value in values:
-            self.check_value(value)
-        array = np.asarray([int(v) for v in values], dtype=np.int64)
-        if array.size == 0:
-            return []
-        return self._payloads(self._message_counts(array, rng or default_rng()))
+        array = self.checked_values(values)
+        return self._payloads(self._message_counts(array, rng or default_rng())) if array.size else []
 
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:
         self.check_value(value)

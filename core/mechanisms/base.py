@@ -24,6 +24,8 @@ from deniable.core.amplification import (
     tightest_bound,
     tightest_delta,
 )
+from deniable.core.lazy import FloatArray as FloatArray
+from deniable.core.lazy import IntArray as IntArray
 from deniable.core.mechanisms.exact import z_score
 from deniable.core.rng import Csprng
 
@@ -33,12 +35,6 @@ if TYPE_CHECKING:
 else:
     from deniable.core.lazy import numpy as np
     from deniable.core.lazy import numpy_typing as npt
-
-if TYPE_CHECKING:
-    IntArray = npt.NDArray[np.int64]
-    FloatArray = npt.NDArray[np.float64]
-else:  # annotations are not evaluated at run time; the names stay importable without numpy
-    IntArray = FloatArray = object
 
 
 class PayloadOutOfDomain(ValueError):
@@ -268,6 +264,13 @@ def payload_matrix(payloads: Sequence[bytes], width: int) -> tuple[IntArray, npt
         filler = bytes(width)
         joined = b"".join(p if ok else filler for p, ok in zip(payloads, lengths_ok.tolist(), strict=True))
     return np.frombuffer(joined, dtype=np.uint8).reshape(n, width).astype(np.int64), lengths_ok
+
+
+def split_rows(rows: npt.NDArray[np.uint8]) -> list[bytes]:
+    """One ``bytes`` per row of a uint8 matrix (a void view: no per-row Python slicing)."""
+    width = rows.shape[1]
+    split: list[bytes] = np.ascontiguousarray(rows).view(f"V{width}").ravel().tolist()
+    return split
 
 
 def big_endian(matrix: IntArray, start: int, stop: int) -> IntArray:

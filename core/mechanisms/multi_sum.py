@@ -159,12 +159,8 @@ class SplitAndMixSum(SplitAndMix):
         return self._payloads(self._share(np.array([int(value)], dtype=np.int64), rng or default_rng()))[0]
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
-        for value in values:
-            self.check_value(value)
-        array = np.asarray([int(v) for v in values], dtype=np.int64)
-        if array.size == 0:
-            return []
-        return self._payloads(self._share(array, rng or default_rng()))
+        array = self.checked_values(values)
+        return self._payloads(self._share(array, rng or default_rng())) if array.size else []
 
     def _noise_law(self) -> dict[int, Fraction]:
         """Exact law of z = y - y' when it has finite support (ValueError otherwise)."""
