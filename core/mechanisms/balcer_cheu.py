@@ -3,7 +3,7 @@
 Each device sends its bucket x and, for EVERY bucket j (its own included), one extra "noise"
 message j with probability p (close to 1), plus one constant presence message, so the aggregator
 knows n. The probability of NOT sending a noise message, 1 - p, is the smallest whose exact
-two-bucket profile (``accounting.protocols.balcer_cheu_exact_delta``) meets the central target at
+two-bucket profile (``amplification.protocols.balcer_cheu_exact_delta``) meets the central target at
 expected_n; the paper's 1 - p = 50 ln(2/delta_b) / (eps_b^2 n) is about 70x larger than needed
 and its theorem is kept as a cross-check (``theorem_guarantee``). Expected messages
 per device: 1 + d p + 1, about d + 2 for large d. Analyser (the paper's): with c_j the count of

@@ -7,7 +7,7 @@ y_j - y'_j (y, y' ~ NB(1/expected_n, a), exact Polya draws from the CSPRNG), and
 noise; Ghazi, Golowich, Kumar, Pagh, Velingker EUROCRYPT 2021 sec. 1 for the per-bucket
 reduction). Plus one presence message, so the aggregator knows n. At expected_n devices every
 bucket's total noise is exactly discrete Laplace: central accuracy. A device sends d m + 1
-messages. Privacy: ``accounting.protocols.multi_histogram_delta``; docs/mechanisms/multi_message_histogram.md.
+messages. Privacy: ``amplification.protocols.multi_histogram_delta``; docs/mechanisms/multi_message_histogram.md.
 """
 
 from __future__ import annotations

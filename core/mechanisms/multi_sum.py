@@ -4,7 +4,7 @@ Each device adds its share of distributed noise, z = y - y', and splits v = (x +
 uniformly random additive shares in Z_q, each a separate message, plus one constant presence
 message. The aggregator sums all shares mod q and centres around n/2: the estimate S + W is
 exactly unbiased. epsilon0 is the central target at ``expected_n``; delta covers the noise
-profile and (1 + e^eps) times the share-hiding distance (``accounting.protocols``).
+profile and (1 + e^eps) times the share-hiding distance (``amplification.protocols``).
 
 Two noise laws, both sampled exactly from the CSPRNG:
 
