@@ -473,6 +473,22 @@ def multi_sum_delta(n: int, p: float, m: int, q: int, epsilon: float, polya_shar
     )
 
 
+def _split_and_mix_refusal(
+    analysis: str, n: int, m: int, q: int, delta: float, share_terms: int
+) -> AmplificationBound | None:
+    """Why a split-and-mix analysis says nothing before any search (no devices, or its
+    share-hiding terms, 2 x share_terms x eta, spend delta already); None when it can proceed."""
+    _check_delta(delta)
+    if n < 1:
+        return not_applicable(analysis, "no devices")
+    eta = share_hiding_distance(n, m, q)
+    if 2 * share_terms * eta >= delta:
+        return not_applicable(
+            analysis, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
+        )
+    return None
+
+
 @functools.lru_cache(maxsize=256)
 def multi_sum_guarantee(
     n: int, p: float, m: int, q: int, delta: float, polya_shares: int = 0
@@ -482,15 +498,11 @@ def multi_sum_guarantee(
     ``polya_shares`` > 0: each device's noise is a difference of NB(1/polya_shares, a) draws
     (discrete Laplace in total at polya_shares devices); 0: Bernoulli(p) differences.
     """
-    _check_delta(delta)
     analysis = MULTI_SUM_POLYA if polya_shares > 0 else MULTI_SUM
-    if n < 1:
-        return not_applicable(analysis, "no devices")
+    refusal = _split_and_mix_refusal(analysis, n, m, q, delta, share_terms=1)
+    if refusal is not None:
+        return refusal
     eta = share_hiding_distance(n, m, q)
-    if 2 * eta >= delta:
-        return not_applicable(
-            analysis, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
-        )
 
     def total(eps: float) -> float:
         return multi_sum_delta(n, p, m, q, eps, polya_shares)
@@ -573,14 +585,10 @@ def multi_histogram_guarantee(
     n: int, p: float, m: int, q: int, delta: float, shares: int
 ) -> AmplificationBound:
     """Smallest eps with multi_histogram_delta <= delta at n devices."""
-    _check_delta(delta)
-    if n < 1:
-        return not_applicable(MULTI_HISTOGRAM, "no devices")
+    refusal = _split_and_mix_refusal(MULTI_HISTOGRAM, n, m, q, delta, share_terms=2)
+    if refusal is not None:
+        return refusal
     eta = share_hiding_distance(n, m, q)
-    if 4 * eta >= delta:
-        return not_applicable(
-            MULTI_HISTOGRAM, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
-        )
     epsilon = _first_crossing(lambda eps: multi_histogram_delta(n, p, m, q, eps, shares), delta)
     if math.isinf(epsilon):
         return not_applicable(MULTI_HISTOGRAM, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
