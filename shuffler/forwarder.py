@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import grpc
 
-from deniable.core.rng import Csprng, default_rng
+from deniable.core.backoff import Backoff
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.segments import SegmentPaths
@@ -54,43 +54,6 @@ class BatchForwarder(Protocol):
 
     async def forward(self, campaign_id: str = "", *, force: bool = False) -> ForwardResult:
         """One pass over the spool's batches (of ``campaign_id`` if given)."""
-
-
-class Backoff:
-    """Exponential backoff with "equal jitter": a delay in [cap/2, cap), the jitter from the CSPRNG."""
-
-    def __init__(
-        self,
-        base_s: float,
-        max_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        rng: Csprng | None = None,
-    ) -> None:
-        """Delays start at ``base_s`` and double per consecutive failure up to ``max_s``."""
-        self._base_s = base_s
-        self._max_s = max_s
-        self._clock = clock
-        self._rng = rng or default_rng()
-        self.failures = 0
-        self.not_before = -float("inf")
-
-    def ready(self) -> bool:
-        """Whether the next attempt may be made now."""
-        return self._clock() >= self.not_before
-
-    def failed(self) -> float:
-        """Record a failure; return the delay before the next attempt."""
-        self.failures += 1
-        cap = min(self._max_s, self._base_s * 2 ** min(self.failures - 1, 62))
-        half_ms = max(1, int(cap * 500))
-        delay = (half_ms + self._rng.randbelow(half_ms)) / 1000
-        self.not_before = self._clock() + delay
-        return delay
-
-    def succeeded(self) -> None:
-        """Reset after a success."""
-        self.failures = 0
-        self.not_before = -float("inf")
 
 
 RawIngest = Callable[..., Awaitable[pb.IngestBatchResponse]]
