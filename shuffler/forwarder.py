@@ -19,7 +19,6 @@ import grpc
 from deniable.core.backoff import Backoff
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import BatchRecord, CampaignSpoolStats, SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -115,8 +114,8 @@ class Forwarder:
     ) -> None:
         """``deadline_s`` bounds one IngestBatch call; retries back off from ``retry_base_s``.
 
-        ``raw_ingest`` (IngestBatch taking serialised bytes, see ``raw_ingest_callable``) lets a
-        ``SegmentSpool`` send the batch bytes it builds itself. ``window`` batches may be in
+        ``raw_ingest`` (IngestBatch taking serialised bytes, see ``raw_ingest_callable``) sends the
+        batch bytes the spool stored (``load_wire``). ``window`` batches may be in
         flight at once (1: strictly one after the other).
         """
         if window < 1:
@@ -200,7 +199,7 @@ class Forwarder:
 
     async def _attempt(self, batch_id: str) -> tuple[int | None, grpc.StatusCode | None]:
         """Load and send one batch, delete it once acknowledged: (reports or None if gone, failure)."""
-        if self._raw_ingest is not None and isinstance(self._store, SegmentPaths):
+        if self._raw_ingest is not None:
             wire = await asyncio.to_thread(self._store.load_wire, batch_id)
             if wire is None:
                 return None, None

@@ -21,11 +21,11 @@ from deniable.core.ids import valid_campaign_id
 from deniable.core.plumbing.metrics import reason_label
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
+from deniable.shuffler.columns import ColumnReports
 from deniable.shuffler.forwarder import Pipeline
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.quota import SourceKeys, SourceQuota
 from deniable.shuffler.rawsubmit import RawSubmit
-from deniable.shuffler.segments import ColumnReports
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 

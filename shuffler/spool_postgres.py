@@ -1,6 +1,6 @@
 """The shuffler's spool on PostgreSQL: the ``SegmentSpool`` layout, shared by several shufflers.
 
-Same contract as the SQLite spools (tests/shuffler/test_spool_contract.py runs on all three).
+Same contract as the SQLite ``SegmentSpool`` (tests/shuffler/test_spool_contract.py runs on both).
 Several shufflers may share one database: forming batches of a campaign takes a transaction-scoped
 advisory lock on that campaign, moves exactly the segments it read (by sequence number, never by
 range: a segment whose number is lower may commit later) and takes all its batch sizes or none,
@@ -14,29 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
 import asyncpg
 
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.dsn import describe_dsn, is_postgres_dsn, one_line
-from deniable.shuffler.segments import (
-    ColumnReports,
-    Columns,
-    FormedBatch,
-    batch_wire,
-    parse_batch_wire,
-    release_slices,
-)
+from deniable.shuffler.columns import Columns, batch_wire, release_slices
 from deniable.shuffler.spool import (
-    BatchRecord,
     CampaignSpoolStats,
-    Envelope,
+    FormedBatch,
     Permutation,
     SpoolUnavailable,
     new_batch_id,
 )
+from deniable.shuffler.spool_common import SegmentStoreBase
 from deniable.v1 import deniable_pb2 as pb
 
 T = TypeVar("T")
@@ -81,11 +74,10 @@ SELECT seq, report_count FROM (
 _CONNECT_ERRORS: Final = (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
-class PostgresSpool:
+class PostgresSpool(SegmentStoreBase):
     """SpoolStore on PostgreSQL (asyncpg pool), reports in segments; thread safe, multi-shuffler.
 
-    Offers the ``SegmentSpool`` fast paths too (``form_batch_sizes``, ``load_wire``). ``scrub`` is
-    a no-op here: dead tuples and WAL keep pre-permutation rows until vacuum and WAL recycling
+    ``scrub`` is a no-op here: dead tuples and WAL keep pre-permutation rows until vacuum and WAL recycling
     (docs/scaling.md says what that means for operators).
     """
 
@@ -135,19 +127,8 @@ class PostgresSpool:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def append(self, reports: Sequence[Envelope]) -> None:
-        """Insert every report durably in one transaction: one segment per campaign, order kept."""
-        if not reports:
-            return
-        if isinstance(reports, ColumnReports):
-            segments = list(reports.columns)
-        else:
-            by_campaign: dict[str, tuple[list[int], list[bytes]]] = {}
-            for report in reports:
-                keys, ciphertexts = by_campaign.setdefault(report.campaign_id, ([], []))
-                keys.append(int(report.key_id))
-                ciphertexts.append(bytes(report.ciphertext))
-            segments = [(c, Columns.of(k, t)) for c, (k, t) in by_campaign.items()]
+    def _append_segments(self, segments: list[tuple[str, Columns]]) -> None:
+        """Insert the segments durably in one transaction (no lock: appends never conflict)."""
         rows = [(c, cols.count, *(bytes(b) for b in cols.blobs())) for c, cols in segments]
         self._run(self._append(rows))
 
@@ -185,7 +166,19 @@ class PostgresSpool:
 
     # -- batches -----------------------------------------------------------------------------
 
-    async def _form(
+    def _form(
+        self,
+        campaign_id: str,
+        sizes: list[int] | None,
+        limit: int,
+        at_least: int,
+        permutation: Permutation,
+        whole: bool = False,
+    ) -> list[FormedBatch]:
+        """``_form_locked`` on the private loop."""
+        return self._run(self._form_locked(campaign_id, sizes, limit, at_least, permutation, whole))
+
+    async def _form_locked(
         self,
         campaign_id: str,
         sizes: list[int] | None,
@@ -240,32 +233,6 @@ class PostgresSpool:
                 await db.execute("DELETE FROM shuffler_pending WHERE seq = ANY($1::bigint[])", seqs)
             return formed
 
-    def form_batch(
-        self, campaign_id: str, max_reports: int, permutation: Permutation, min_reports: int = 1
-    ) -> BatchRecord | None:
-        """Move the oldest ``max_reports`` pending reports into a permuted batch in one transaction."""
-        if max_reports < 1:
-            raise ValueError("max_reports must be at least 1")
-        formed = self._run(self._form(campaign_id, None, max_reports, max(1, min_reports), permutation))
-        return parse_batch_wire(formed[0].wire) if formed else None
-
-    def form_batches(
-        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation
-    ) -> list[BatchRecord]:
-        """Several batches from one permutation of the oldest sum(sizes) pending reports."""
-        return [parse_batch_wire(b.wire) for b in self.form_batch_sizes(campaign_id, sizes, permutation)]
-
-    def form_batch_sizes(
-        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation, whole: bool = False
-    ) -> list[FormedBatch]:
-        """``form_batches`` without building an envelope per report; [] unless every size is filled.
-
-        ``whole``: requests kept whole (see ``_form``)."""
-        if not sizes or min(sizes) < 1:
-            raise ValueError("batch sizes must be at least 1")
-        total = sum(sizes)
-        return self._run(self._form(campaign_id, list(sizes), total, total, permutation, whole))
-
     def pending_segment_counts(self, campaign_id: str) -> list[int]:
         """Reports per pending segment (one per request), oldest first."""
         rows = self._run(
@@ -293,16 +260,6 @@ class PostgresSpool:
             )
         )
         return None if row is None else (bytes(row[0]), int(row[1]))
-
-    def load_batch(self, batch_id: str) -> BatchRecord | None:
-        """One unacknowledged batch with its reports in the stored (permuted) order."""
-        wire = self.load_wire(batch_id)
-        return None if wire is None else parse_batch_wire(wire[0])
-
-    def unacknowledged_batches(self, campaign_id: str | None = None) -> list[BatchRecord]:
-        """Every unacknowledged batch, oldest first."""
-        batches = (self.load_batch(batch_id) for batch_id in self.batch_ids(campaign_id))
-        return [b for b in batches if b is not None]
 
     def delete_batch(self, batch_id: str) -> bool:
         """Forget an acknowledged batch; False if it was not there (or another shuffler did)."""
