@@ -143,7 +143,6 @@ class Forwarder:
         """
         if not force and not self._upstream_backoff.ready():
             return ForwardResult()
-        batches = reports = failures = 0
         batch_ids = await asyncio.to_thread(self._store.batch_ids, campaign_id or None)
         for stale in set(self._batch_backoff) - set(batch_ids):
             if not campaign_id:
@@ -169,6 +168,20 @@ class Forwarder:
                 return size, code
 
         outcomes = await asyncio.gather(*(attempt(batch_id) for batch_id in due))
+        result = self._tally(due, outcomes)
+        if unreachable is not None:
+            delay = self._upstream_backoff.failed()
+            log.warning(
+                "forwarding failed; batches kept, retried later",
+                extra={"code": unreachable.name, "retry_in_s": round(delay, 3)},
+            )
+        return result
+
+    def _tally(
+        self, due: list[str], outcomes: list[tuple[int | None, grpc.StatusCode | None]]
+    ) -> ForwardResult:
+        """Count acknowledged and failed batches; back off a batch the aggregator refused."""
+        batches = reports = failures = 0
         for batch_id, (size, code) in zip(due, outcomes, strict=True):
             if size is None:  # gone meanwhile
                 continue
@@ -188,13 +201,6 @@ class Forwarder:
                     "aggregator refused a batch; kept, retried later",
                     extra={"batch_id": batch_id, "code": code.name, "retry_in_s": round(delay, 3)},
                 )
-                continue
-        if unreachable is not None:
-            delay = self._upstream_backoff.failed()
-            log.warning(
-                "forwarding failed; batches kept, retried later",
-                extra={"code": unreachable.name, "retry_in_s": round(delay, 3)},
-            )
         return ForwardResult(batches, reports, failures)
 
     async def _attempt(self, batch_id: str) -> tuple[int | None, grpc.StatusCode | None]:

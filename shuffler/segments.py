@@ -27,8 +27,8 @@ import numpy.typing as npt
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.sqlite import open_database
 from deniable.shuffler.columns import U32, Columns, batch_wire, release_slices, shuffled_batch_wire
-from deniable.shuffler.spool import CampaignSpoolStats, FormedBatch, Permutation, new_batch_id
-from deniable.shuffler.spool_common import SegmentStoreBase
+from deniable.shuffler.spool import CampaignSpoolStats, FormedBatch, new_batch_id
+from deniable.shuffler.spool_common import FormRequest, SegmentStoreBase
 from deniable.v1 import deniable_pb2 as pb
 
 PAGE_SIZE: Final = 65536
@@ -332,15 +332,7 @@ class SegmentSpool(SegmentStoreBase):
 
     # -- batches -----------------------------------------------------------------------------
 
-    def _form(
-        self,
-        campaign_id: str,
-        sizes: list[int] | None,
-        limit: int,
-        at_least: int,
-        permutation: Permutation,
-        whole: bool = False,
-    ) -> list[FormedBatch]:
+    def _form(self, ask: FormRequest) -> list[FormedBatch]:
         """Take up to ``limit`` oldest reports (none if fewer than ``at_least``), permute, slice, store.
 
         ONE permutation of everything taken, cut into chunks of ``sizes`` (ADR 0023). ``whole``: the
@@ -349,28 +341,29 @@ class SegmentSpool(SegmentStoreBase):
         formed: list[FormedBatch] = []
 
         def work(db: sqlite3.Connection) -> None:
-            seqs, total, _ = _oldest_segments(db, campaign_id, limit)
-            if not seqs or total < at_least:
+            seqs, total, _ = _oldest_segments(db, ask.campaign_id, ask.limit)
+            if not seqs or total < ask.at_least:
                 return
-            take = min(limit, total)
-            if whole and total > take:
+            take = min(ask.limit, total)
+            if ask.whole and total > take:
                 raise ValueError("batch sizes do not fall on request boundaries")
             tail = None
             if total > take:  # the newest segment stays partly pending: keep its head in memory
                 tail = _split_newest(db, seqs.pop(), total - take)
             # ONE permutation of the whole release, cut into chunks (ADR 0023). Each chunk is
             # gathered by one pass over the stored segments, so memory is a chunk, not the release.
-            for own, chunk in release_slices(take, sizes or [take], permutation):
+            for own, chunk in release_slices(take, ask.sizes or [take], ask.permutation):
                 batch_id = new_batch_id()
-                rows, order = _gather(db, campaign_id, seqs[-1] if seqs else None, tail, own)
-                wire, digest = batch_wire(batch_id, campaign_id, rows, order, release=chunk)
+                rows, order = _gather(db, ask.campaign_id, seqs[-1] if seqs else None, tail, own)
+                wire, digest = batch_wire(batch_id, ask.campaign_id, rows, order, release=chunk)
                 del rows
-                self._insert_batch(db, batch_id, campaign_id, int(own.size), digest, wire)
-                formed.append(FormedBatch(batch_id, campaign_id, int(own.size), digest, b""))
+                self._insert_batch(db, batch_id, ask.campaign_id, int(own.size), digest, wire)
+                formed.append(FormedBatch(batch_id, ask.campaign_id, int(own.size), digest, b""))
                 del wire
             if seqs:
                 db.execute(
-                    "DELETE FROM pending_segments WHERE campaign_id = ? AND seq <= ?", (campaign_id, seqs[-1])
+                    "DELETE FROM pending_segments WHERE campaign_id = ? AND seq <= ?",
+                    (ask.campaign_id, seqs[-1]),
                 )
 
         try:

@@ -8,24 +8,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from deniable.shuffler.columns import Columns, parse_batch_wire, segments_of
 from deniable.shuffler.spool import BatchRecord, Envelope, FormedBatch, Permutation
+
+
+@dataclass(frozen=True)
+class FormRequest:
+    """One batch formation: up to ``limit`` oldest reports of a campaign, none unless ``at_least``.
+
+    ``sizes``: the chunks of one permutation (None: one batch of what is taken); ``whole``: the
+    release must end on a request (segment) boundary.
+    """
+
+    campaign_id: str
+    sizes: list[int] | None
+    limit: int
+    at_least: int
+    permutation: Permutation
+    whole: bool = False
 
 
 class SegmentStoreBase(ABC):
     """The SpoolStore methods written once for every segment spool."""
 
     @abstractmethod
-    def _form(
-        self,
-        campaign_id: str,
-        sizes: list[int] | None,
-        limit: int,
-        at_least: int,
-        permutation: Permutation,
-        whole: bool = False,
-    ) -> list[FormedBatch]:
+    def _form(self, ask: FormRequest) -> list[FormedBatch]:
         """Take up to ``limit`` oldest reports (none if fewer than ``at_least``), permute, cut, store."""
 
     @abstractmethod
@@ -51,7 +60,7 @@ class SegmentStoreBase(ABC):
         """Move the oldest ``max_reports`` pending reports into a permuted batch in one transaction."""
         if max_reports < 1:
             raise ValueError("max_reports must be at least 1")
-        formed = self._form(campaign_id, None, max_reports, max(1, min_reports), permutation)
+        formed = self._form(FormRequest(campaign_id, None, max_reports, max(1, min_reports), permutation))
         return self._record(formed[0]) if formed else None
 
     def form_batches(
@@ -67,7 +76,7 @@ class SegmentStoreBase(ABC):
         if not sizes or min(sizes) < 1:
             raise ValueError("batch sizes must be at least 1")
         total = sum(sizes)
-        return self._form(campaign_id, list(sizes), total, total, permutation, whole)
+        return self._form(FormRequest(campaign_id, list(sizes), total, total, permutation, whole))
 
     def load_batch(self, batch_id: str) -> BatchRecord | None:
         """One unacknowledged batch with its reports in the stored (permuted) order."""

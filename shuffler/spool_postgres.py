@@ -25,11 +25,10 @@ from deniable.shuffler.columns import Columns, batch_wire, release_slices
 from deniable.shuffler.spool import (
     CampaignSpoolStats,
     FormedBatch,
-    Permutation,
     SpoolUnavailable,
     new_batch_id,
 )
-from deniable.shuffler.spool_common import SegmentStoreBase
+from deniable.shuffler.spool_common import FormRequest, SegmentStoreBase
 from deniable.v1 import deniable_pb2 as pb
 
 T = TypeVar("T")
@@ -166,27 +165,11 @@ class PostgresSpool(SegmentStoreBase):
 
     # -- batches -----------------------------------------------------------------------------
 
-    def _form(
-        self,
-        campaign_id: str,
-        sizes: list[int] | None,
-        limit: int,
-        at_least: int,
-        permutation: Permutation,
-        whole: bool = False,
-    ) -> list[FormedBatch]:
+    def _form(self, ask: FormRequest) -> list[FormedBatch]:
         """``_form_locked`` on the private loop."""
-        return self._run(self._form_locked(campaign_id, sizes, limit, at_least, permutation, whole))
+        return self._run(self._form_locked(ask))
 
-    async def _form_locked(
-        self,
-        campaign_id: str,
-        sizes: list[int] | None,
-        limit: int,
-        at_least: int,
-        permutation: Permutation,
-        whole: bool = False,
-    ) -> list[FormedBatch]:
+    async def _form_locked(self, ask: FormRequest) -> list[FormedBatch]:
         """Under the campaign's advisory lock: take up to ``limit`` oldest reports, permute, store.
 
         ``whole``: the release must end on a request (segment) boundary;
@@ -194,12 +177,16 @@ class PostgresSpool(SegmentStoreBase):
         were planned), nothing is formed.
         """
         async with self._pool.acquire() as db, db.transaction():
-            await db.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", LOCK_NAMESPACE, campaign_id)
-            heads = await db.fetch(_OLDEST_SEGMENTS, campaign_id, limit)
+            await db.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))", LOCK_NAMESPACE, ask.campaign_id
+            )
+            heads = await db.fetch(_OLDEST_SEGMENTS, ask.campaign_id, ask.limit)
             total = sum(int(h[1]) for h in heads)
-            if not heads or total < at_least:
+            if not heads or total < ask.at_least:
                 return []
-            if whole and not _on_boundaries([int(h[1]) for h in heads], [sum(sizes)] if sizes else [total]):
+            if ask.whole and not _on_boundaries(
+                [int(h[1]) for h in heads], [sum(ask.sizes)] if ask.sizes else [total]
+            ):
                 return []
             seqs = [int(h[0]) for h in heads]
             rows = await db.fetch(
@@ -208,7 +195,7 @@ class PostgresSpool(SegmentStoreBase):
                 seqs,
             )
             taken = Columns.concat([Columns.load(bytes(r[0]), bytes(r[1]), bytes(r[2])) for r in rows])
-            take = min(limit, total)
+            take = min(ask.limit, total)
             if total > take:  # the newest segment stays partly pending
                 taken, rest = taken.split(take)
                 await db.execute(
@@ -220,14 +207,14 @@ class PostgresSpool(SegmentStoreBase):
                 )
             formed: list[FormedBatch] = []
             # ONE permutation of the whole release, cut into chunks (ADR 0023).
-            for own, chunk in release_slices(take, sizes or [take], permutation):
+            for own, chunk in release_slices(take, ask.sizes or [take], ask.permutation):
                 batch_id = new_batch_id()
-                wire, digest = batch_wire(batch_id, campaign_id, taken, own, release=chunk)
-                formed.append(FormedBatch(batch_id, campaign_id, int(own.size), digest, wire))
+                wire, digest = batch_wire(batch_id, ask.campaign_id, taken, own, release=chunk)
+                formed.append(FormedBatch(batch_id, ask.campaign_id, int(own.size), digest, wire))
             await db.executemany(
                 "INSERT INTO shuffler_batches (batch_id, campaign_id, report_count, digest, wire)"
                 " VALUES ($1, $2, $3, $4, $5)",
-                [(b.batch_id, campaign_id, b.report_count, b.digest, bytes(b.wire)) for b in formed],
+                [(b.batch_id, ask.campaign_id, b.report_count, b.digest, bytes(b.wire)) for b in formed],
             )
             if seqs:
                 await db.execute("DELETE FROM shuffler_pending WHERE seq = ANY($1::bigint[])", seqs)

@@ -64,13 +64,15 @@ def test_checked_order_refuses_what_is_not_a_permutation() -> None:
 
 
 def test_segment_tables_hold_nothing_about_the_sender(tmp_path: Path) -> None:
-    SegmentSpool(tmp_path / "s.sqlite3").close()
+    store = SegmentSpool(tmp_path / "s.sqlite3")
+    store.close()
     db = sqlite3.connect(tmp_path / "s.sqlite3")
     columns = {
         table: [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
         for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
     db.close()
+    # Ported from the removed per-report spool (tables pending, batch_reports) to the segment spool.
     assert columns["pending_segments"] == [
         "seq",
         "campaign_id",
@@ -79,8 +81,23 @@ def test_segment_tables_hold_nothing_about_the_sender(tmp_path: Path) -> None:
         "lengths",
         "ciphertexts",
     ]
+    assert columns["batch_segments"] == ["seq", "batch_id", "campaign_id", "report_count", "digest", "wire"]
     every_column = {c for cols in columns.values() for c in cols}
     assert not every_column & {"peer", "address", "ip", "received_at", "ts", "timestamp", "created_at"}
+
+
+def test_forgets_a_whole_acknowledged_batch_on_disk(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    store = SegmentSpool(path)
+    marker = b"UNIQUE-MARKER-" + default_rng().bytes(16).hex().encode()
+    store.append([Envelope("a", 1, marker + b"-%d" % i) for i in range(50)])
+    record = store.form_batch("a", 100, default_rng().permutation)
+    assert record is not None
+    store.delete_batch(record.batch_id)
+    store.scrub()
+    store.close()
+    for file in tmp_path.iterdir():
+        assert marker not in file.read_bytes(), file.name
 
 
 def test_forgets_acknowledged_ciphertexts_on_disk(tmp_path: Path) -> None:

@@ -140,6 +140,22 @@ async def test_metrics_bind_the_listen_host_not_loopback(upstream, start) -> Non
         urllib.request.urlopen(f"http://127.0.0.1:{shuffler.metrics_port}/metrics", timeout=5)
 
 
+async def test_the_removed_row_spool_is_a_one_line_configuration_error(tmp_path: Path, upstream) -> None:
+    with pytest.raises(ConfigurationError) as bad:
+        await start_shuffler(
+            ShufflerConfig(
+                insecure=True,
+                data_dir=tmp_path,
+                upstream=upstream.address,
+                listen="127.0.0.1:0",
+                spool="rows",
+            )
+        )
+    message = str(bad.value)
+    assert "\n" not in message and "removed" in message and '"segments"' in message
+    assert not (tmp_path / "spool.sqlite3").exists()  # refused before anything was opened
+
+
 def test_package_exports() -> None:
     exported = runpy.run_path(str(SHUFFLER_DIR / "__init__.py"))
     assert set(exported["__all__"]) == {

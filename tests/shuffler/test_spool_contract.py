@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -279,43 +278,3 @@ def test_the_contract_suite_runs_over_both_spools() -> None:
     ]
     assert len(contract) >= 12
     assert IMPLEMENTATIONS == ["sqlite", "postgresql"]
-
-
-# SQLite-specific: what is on disk (the segment spool; the per-report layout was removed, ADR 0026).
-
-
-def test_sqlite_pending_table_holds_nothing_about_the_sender(tmp_path: Path) -> None:
-    store = SegmentSpool(tmp_path / "s.sqlite3")
-    store.close()
-    db = sqlite3.connect(tmp_path / "s.sqlite3")
-    columns = {
-        table: [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
-        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-    }
-    db.close()
-    # Ported from the removed per-report spool (tables pending, batch_reports) to the segment spool.
-    assert columns["pending_segments"] == [
-        "seq",
-        "campaign_id",
-        "report_count",
-        "key_ids",
-        "lengths",
-        "ciphertexts",
-    ]
-    assert columns["batch_segments"] == ["seq", "batch_id", "campaign_id", "report_count", "digest", "wire"]
-    every_column = {c for cols in columns.values() for c in cols}
-    assert not every_column & {"peer", "address", "ip", "received_at", "ts", "timestamp", "created_at"}
-
-
-def test_sqlite_forgets_acknowledged_ciphertexts_on_disk(tmp_path: Path) -> None:
-    path = tmp_path / "s.sqlite3"
-    store = SegmentSpool(path)
-    marker = b"UNIQUE-MARKER-" + default_rng().bytes(16).hex().encode()
-    store.append([Envelope("a", 1, marker + b"-%d" % i) for i in range(50)])
-    record = store.form_batch("a", 100, default_rng().permutation)
-    assert record is not None
-    store.delete_batch(record.batch_id)
-    store.scrub()
-    store.close()
-    for file in tmp_path.iterdir():
-        assert marker not in file.read_bytes(), file.name
