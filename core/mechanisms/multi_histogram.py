@@ -7,7 +7,8 @@ y_j - y'_j (y, y' ~ NB(1/expected_n, a), exact Polya draws from the CSPRNG), and
 noise; Ghazi, Golowich, Kumar, Pagh, Velingker EUROCRYPT 2021 sec. 1 for the per-bucket
 reduction). Plus one presence message, so the aggregator knows n. At expected_n devices every
 bucket's total noise is exactly discrete Laplace: central accuracy. A device sends d m + 1
-messages. Privacy: ``amplification.protocols.multi_histogram_delta``; docs/mechanisms/multi_message_histogram.md.
+messages. Privacy: ``amplification.protocols.multi_histogram_delta``;
+docs/mechanisms/multi_message_histogram.md.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from deniable.core.mechanisms.sample_threshold import (
     unpack_many,
     width_for,
 )
-from deniable.core.mechanisms.split_and_mix import SplitAndMix
+from deniable.core.mechanisms.split_and_mix import PolyaNoise, SplitAndMix
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
 
@@ -45,7 +46,7 @@ MAX_BUCKETS = 4096
 _HALF = 1 << 20  # share sums are tallied in two 20-bit halves (exact in float64 bincounts)
 
 
-class MultiMessageHistogram(SplitAndMix):
+class MultiMessageHistogram(PolyaNoise, SplitAndMix):
     """Per bucket (1{x = j} + y_j - y'_j) mod q in m shares; one presence message per device."""
 
     name = "multi_message_histogram"
@@ -82,11 +83,6 @@ class MultiMessageHistogram(SplitAndMix):
         """Every bucket's noise is Polya with shape 1/expected_n."""
         return self.expected_n
 
-    def _check_noise(self) -> None:
-        """Refuse noise so large that a rounds to 1 (a total epsilon below 1e-6)."""
-        if self.noise_alpha > 1 - 1e-6:
-            raise ValueError(f"noise_probability {float(self.noise):g} is too large for expected_n")
-
     # ----------------------------------------------------------------------- parameters
 
     def _smallest_noise(self) -> int:
@@ -101,17 +97,6 @@ class MultiMessageHistogram(SplitAndMix):
         while lo > 0 and self._meets(lo):
             hi, lo = lo, lo // 2
         return smallest_meeting(self._meets, lo, hi)
-
-    @property
-    def noise_alpha(self) -> float:
-        """a = 1 - (1 - p)^expected_n: each bucket's discrete Laplace ratio at expected_n."""
-        return -math.expm1(self.expected_n * math.log1p(-float(self.noise)))
-
-    @property
-    def noise_variance_per_device(self) -> float:
-        """Var[y - y'] = 2 a / (expected_n (1 - a)^2) per bucket."""
-        a = self.noise_alpha
-        return 2 * a / (self.expected_n * (1 - a) ** 2)
 
     # ----------------------------------------------------------------------- messages
 

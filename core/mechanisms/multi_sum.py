@@ -39,7 +39,7 @@ from deniable.core.mechanisms.sample_threshold import (
     unpack_many,
     width_for,
 )
-from deniable.core.mechanisms.split_and_mix import SplitAndMix
+from deniable.core.mechanisms.split_and_mix import PolyaNoise, SplitAndMix
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
 
@@ -238,18 +238,13 @@ class SplitAndMixSum(SplitAndMix):
         return np.full(len(true_counts), n * self.noise_variance_per_device, dtype=np.float64)
 
 
-class MultiMessageSum(SplitAndMixSum):
+class MultiMessageSum(PolyaNoise, SplitAndMixSum):
     """Polya noise: y, y' ~ NB(1/expected_n, a); expected_n devices add up to discrete Laplace."""
 
     name = "multi_message_sum"
     proto = pb.MULTI_MESSAGE_SUM
     summary = "multi-message sum: x + Polya noise in m shares mod q; central (discrete Laplace) accuracy"
     polya_shares = True
-
-    def _check_noise(self) -> None:
-        """Refuse noise so large that a rounds to 1 (a total epsilon below 1e-6)."""
-        if self.noise_alpha > 1 - 1e-6:
-            raise ValueError(f"noise_probability {float(self.noise):g} is too large for expected_n")
 
     def _noise_bracket(self) -> tuple[int, int]:
         """Around the closed form: a = 1 - (1 - p)^N >= e^-epsilon0 makes the total ln(1/a)-DP."""
@@ -261,17 +256,6 @@ class MultiMessageSum(SplitAndMixSum):
         while lo > 0 and self._meets(lo):
             lo //= 2
         return lo, hi
-
-    @property
-    def noise_alpha(self) -> float:
-        """a = 1 - (1 - p)^expected_n: the discrete Laplace ratio of the total at expected_n."""
-        return -math.expm1(self.expected_n * math.log1p(-float(self.noise)))
-
-    @property
-    def noise_variance_per_device(self) -> float:
-        """Var[y - y'] = 2 a / (expected_n (1 - a)^2) (NB(r, a) has variance r a / (1 - a)^2)."""
-        a = self.noise_alpha
-        return 2 * a / (self.expected_n * (1 - a) ** 2)
 
     def _noise_draws(self, count: int, rng: Csprng) -> np.ndarray:
         return rng.polya_many(self.noise, self.expected_n, count)

@@ -155,3 +155,27 @@ class SplitAndMix(LocalRandomiser):
         args = (int(n), float(self.noise), self.messages, self.modulus)
         turn = profile_minimiser(self.protocol_delta, *args, self.shape_devices)
         return self.protocol_delta(*args, min(epsilon, turn), self.shape_devices)
+
+
+class PolyaNoise:
+    """Mixin: each noise draw is NB(1/expected_n, a) (Polya shares, Balle et al. CCS 2020), so the
+    noise of expected_n devices adds up to exactly discrete Laplace with ratio a."""
+
+    expected_n: int
+    noise: Fraction
+
+    def _check_noise(self) -> None:
+        """Refuse noise so large that a rounds to 1 (a total epsilon below 1e-6)."""
+        if self.noise_alpha > 1 - 1e-6:
+            raise ValueError(f"noise_probability {float(self.noise):g} is too large for expected_n")
+
+    @property
+    def noise_alpha(self) -> float:
+        """a = 1 - (1 - p)^expected_n: the discrete Laplace ratio of the total at expected_n."""
+        return -math.expm1(self.expected_n * math.log1p(-float(self.noise)))
+
+    @property
+    def noise_variance_per_device(self) -> float:
+        """Var[y - y'] = 2 a / (expected_n (1 - a)^2) (NB(r, a) has variance r a / (1 - a)^2)."""
+        a = self.noise_alpha
+        return 2 * a / (self.expected_n * (1 - a) ** 2)
