@@ -165,12 +165,9 @@ def tracer_provider(service: str, args: argparse.Namespace) -> Any:
 
 def server_tls(args: argparse.Namespace) -> ServerTls | None:
     """The service's TLS files from its options; one-line ConfigurationError if incomplete."""
-    given = [args.tls_cert, args.tls_key, args.tls_ca]
-    if args.insecure:
-        if any(given):
-            raise ConfigurationError("--insecure with --tls-cert/--tls-key/--tls-ca: choose one")
+    if _plaintext(args, "--tls-cert/--tls-key/--tls-ca", [args.tls_cert, args.tls_key, args.tls_ca]):
         return None
-    if not all(given):
+    if not all([args.tls_cert, args.tls_key, args.tls_ca]):
         raise ConfigurationError(
             "TLS needs --tls-cert, --tls-key and --tls-ca (make them with `deniable certs dev`),"
             " or --insecure for plaintext (tests only)"
@@ -180,16 +177,20 @@ def server_tls(args: argparse.Namespace) -> ServerTls | None:
 
 def client_tls(args: argparse.Namespace) -> ClientTls | None:
     """How this command reaches a service: TLS (None only with --insecure); one-line error otherwise."""
-    given = [args.tls_ca, args.tls_cert, args.tls_key]
-    if args.insecure:
-        if any(given):
-            raise ConfigurationError("--insecure with --tls-ca/--tls-cert/--tls-key: choose one")
+    if _plaintext(args, "--tls-ca/--tls-cert/--tls-key", [args.tls_ca, args.tls_cert, args.tls_key]):
         return None
     if args.tls_ca is None:
         raise ConfigurationError(
             "give --tls-ca (and --tls-cert/--tls-key for an operator certificate), or --insecure"
         )
     return ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+
+
+def _plaintext(args: argparse.Namespace, flags: str, given: list[Path | None]) -> bool:
+    """True with --insecure (ConfigurationError if TLS files were given too), else False."""
+    if args.insecure and any(given):
+        raise ConfigurationError(f"--insecure with {flags}: choose one")
+    return bool(args.insecure)
 
 
 def shuffler_operator_address(given: str | None, tls: ClientTls | None) -> str:
