@@ -39,6 +39,7 @@ def _check_limits(args: argparse.Namespace) -> None:
 
 
 def _probability(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1 (a δ)."""
     value = float(text)
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must lie in (0, 1), got {text}")
@@ -46,6 +47,7 @@ def _probability(text: str) -> float:
 
 
 def _domain(text: str) -> int:
+    """An argparse type: a domain size of at least 2."""
     value = int(text)
     if value < 2:
         raise argparse.ArgumentTypeError(f"a domain has at least 2 values, got {text}")
@@ -210,10 +212,12 @@ def plan_text(plan: Plan) -> str:
 
 
 def _bytes(value: float) -> str:
+    """Bytes with thousands separators, or a dash when unknown (NaN)."""
     return f"{value:,.0f}" if value == value else "—"
 
 
 def _local_words(plan: Plan) -> str:
+    """The chosen mechanism's local guarantee in words."""
     if plan.chosen.local_privacy:
         return f"local ε0 = {plan.epsilon0:.4f}"
     return f"no local guarantee (shuffle-only; ε0 = {plan.epsilon0:.4f} is the central target)"

@@ -32,6 +32,7 @@ def register(sub: Subparsers) -> None:
 
 
 def _when(unix: float | None) -> str:
+    """A Unix time as UTC text, or a dash for none."""
     return "-" if not unix else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(unix))
 
 

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from types import ModuleType
+from typing import Protocol
 
 import grpc
 
@@ -29,9 +29,17 @@ from deniable.cli import (
     cmd_shuffler,
     cmd_status,
 )
+from deniable.cli.options import Subparsers
 from deniable.core.errors import ConfigurationError
 
-COMMANDS: tuple[ModuleType, ...] = (
+
+class CommandModule(Protocol):
+    """A ``cli/cmd_*.py`` module: adds its subcommands, each with ``set_defaults(handler=...)``."""
+
+    def register(self, sub: Subparsers) -> None: ...
+
+
+COMMANDS: tuple[CommandModule, ...] = (
     cmd_demo,
     cmd_aggregator,
     cmd_shuffler,
