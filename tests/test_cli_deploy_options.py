@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.admin.health import check
+from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.cli.main import build_parser, main
 from deniable.cli.options import secret_from_env, store_dsn
 from deniable.core.errors import ConfigurationError
