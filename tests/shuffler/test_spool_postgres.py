@@ -17,7 +17,7 @@ from deniable.cli.main import main
 from deniable.cli.options import spool_store_dsn
 from deniable.core.errors import ConfigurationError
 from deniable.core.rng import default_rng
-from deniable.shuffler.segments import parse_batch_wire
+from deniable.shuffler.columns import parse_batch_wire
 from deniable.shuffler.spool import Envelope, SpoolUnavailable
 from deniable.shuffler.spool_postgres import LOCK_NAMESPACE, PostgresSpool
 
