@@ -275,6 +275,56 @@ def check_loopback(address: str) -> None:
         raise ValueError(f"{address}: load tests only run against loopback addresses (127.0.0.1, ::1)")
 
 
+def aggregator_process(data_dir: Path, workers: int, metrics: bool = True) -> ServiceProcess:
+    """An aggregator on a free loopback port with ``workers`` decryption processes (not started)."""
+    settings: dict[str, Any] = {"data_dir": data_dir, "listen": "127.0.0.1:0", "decrypt_workers": workers}
+    if metrics:
+        settings["metrics_port"] = 0
+    return ServiceProcess("aggregator", settings)
+
+
+def shuffler_process(data_dir: Path, upstream: str, **settings: Any) -> ServiceProcess:
+    """A shuffler on a free loopback port forwarding to ``upstream`` (not started)."""
+    return ServiceProcess(
+        "shuffler", {"data_dir": data_dir, "upstream": upstream, "listen": "127.0.0.1:0"} | settings
+    )
+
+
+def bucket_campaign_request(
+    campaign_id: str, buckets: int, epsilon0: float, n_min: int, purpose: str = "benchmark", **extra: Any
+) -> pb.CreateCampaignRequest:
+    """A categorical campaign over ``bucket-0`` .. ``bucket-{buckets-1}`` (GRR unless ``extra`` says)."""
+    request = pb.CreateCampaignRequest(
+        id=campaign_id,
+        question=f"Which of {buckets} buckets? ({purpose})",
+        kind=pb.CATEGORICAL,
+        labels=[f"bucket-{i}" for i in range(buckets)],
+        mechanism=pb.GRR,
+        epsilon0=epsilon0,
+        delta=1e-6,
+        n_min=n_min,
+    )
+    for name, value in extra.items():
+        setattr(request, name, value)
+    return request
+
+
+def say(progress: bool, text: str) -> None:
+    """A progress line, when asked for."""
+    if progress:
+        print(text, flush=True)
+
+
+def write_json(data: Any, path: Path | None) -> None:
+    """Strict, indented JSON at ``path`` (if any), and a line saying so."""
+    from deniable.sim import render
+
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render.dumps(data) + "\n")
+        print(f"wrote {path}")
+
+
 # --- simulated devices: sealing on every core ---------------------------------------------------
 
 
@@ -362,6 +412,16 @@ def seal_population(
 
 
 # --- wire helpers ---------------------------------------------------------------------------------
+
+
+def seal_with_bar(
+    campaign: pb.Campaign, values: Any, pool: ProcessPoolExecutor, workers: int, desc: str, progress: bool
+) -> Sealed:
+    """``seal_population`` with a progress bar (blocking: call it in a thread)."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(values), desc=desc, unit="report", disable=not progress) as bar:
+        return seal_population(campaign, values, pool, workers, bar.update)
 
 
 def report_elements(
@@ -481,7 +541,8 @@ def interleaved_population(shares: Sequence[float], devices: int) -> np.ndarray:
     return values[order]
 
 
-def _channel(address: str) -> grpc.aio.Channel:
+def plaintext_channel(address: str) -> grpc.aio.Channel:
+    """A plaintext channel to a benchmark's service (they run ``insecure``, on loopback)."""
     from deniable.core.plumbing.service import insecure_channel
 
     return insecure_channel(address)
@@ -491,7 +552,7 @@ async def aggregator_query(address: str, campaign_id: str, binary: bool = False)
     """One Histogram (or BinarySum) query."""
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-    channel = _channel(address)
+    channel = plaintext_channel(address)
     try:
         stub = pb_grpc.AggregatorStub(channel)
         rpc = stub.BinarySum if binary else stub.Histogram
@@ -505,7 +566,7 @@ async def create_campaign(address: str, request: pb.CreateCampaignRequest) -> pb
     """CreateCampaign at the aggregator."""
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-    channel = _channel(address)
+    channel = plaintext_channel(address)
     try:
         created: pb.Campaign = await pb_grpc.AggregatorStub(channel).CreateCampaign(request, timeout=60)
         return created
@@ -517,7 +578,7 @@ async def flush_shuffler(address: str, campaign_id: str = "", below_n_min: bool 
     """Operator flush: batch and forward now."""
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-    channel = _channel(address)
+    channel = plaintext_channel(address)
     try:
         request = pb.FlushRequest(campaign_id=campaign_id, below_n_min=below_n_min)
         flushed: pb.FlushResponse = await pb_grpc.ShufflerStub(channel).Flush(request, timeout=600)
