@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from deniable.shuffler.forwarder import DEFAULT_WINDOW as FORWARD_WINDOW
-from deniable.sim import benchkit
+from deniable.sim import benchkit, render
 from deniable.sim.benchkit import ServiceProcess, say
 from deniable.sim.sink import SinkAggregator, ingest_batches, shuffled_batches, start_sink
 from deniable.v1 import deniable_pb2 as pb
@@ -474,5 +474,5 @@ def run_bench(config: BenchConfig, json_path: Path | None = None) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="deniable-bench-") as tmp:
         report = asyncio.run(_run(config, Path(tmp)))
     print(format_report(report))
-    benchkit.write_json(report, json_path)
+    render.write_json(report, json_path)
     return report

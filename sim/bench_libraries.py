@@ -348,8 +348,5 @@ def run_comparison(
     """Run, print the table, write JSON if asked."""
     report = compare(config, progress)
     print(format_comparison(report))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(render.dumps(report) + "\n")
-        print(f"wrote {json_path}")
+    render.write_json(report, json_path)
     return report

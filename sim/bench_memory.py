@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from deniable.sim import benchkit
+from deniable.sim import benchkit, render
 from deniable.sim.benchkit import ServiceProcess, say
 from deniable.sim.sink import ingest_batches, shuffled_batches, start_sink
 
@@ -173,5 +173,5 @@ def run_memory(config: MemoryConfig, json_path: Path | None = None, progress: bo
     with tempfile.TemporaryDirectory(prefix="deniable-memory-") as tmp:
         report = asyncio.run(_run(config, Path(tmp), progress))
     print(format_memory(report))
-    benchkit.write_json(report, json_path)
+    render.write_json(report, json_path)
     return report

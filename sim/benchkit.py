@@ -315,16 +315,6 @@ def say(progress: bool, text: str) -> None:
         print(text, flush=True)
 
 
-def write_json(data: Any, path: Path | None) -> None:
-    """Strict, indented JSON at ``path`` (if any), and a line saying so."""
-    from deniable.sim import render
-
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render.dumps(data) + "\n")
-        print(f"wrote {path}")
-
-
 # --- simulated devices: sealing on every core ---------------------------------------------------
 
 

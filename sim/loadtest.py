@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deniable.client.transport import RETRYABLE_CODES
-from deniable.sim import benchkit
+from deniable.sim import benchkit, render
 from deniable.sim.benchkit import ServiceProcess
 from deniable.v1 import deniable_pb2 as pb
 
@@ -649,7 +649,7 @@ def run_loadtest(config: LoadConfig) -> dict[str, Any]:
     print(format_summary(result))
     for path in write_plots(result, latency, config.out_dir):
         print(f"wrote {path}")
-    benchkit.write_json(result, config.json_path)
+    render.write_json(result, config.json_path)
     return result
 
 
