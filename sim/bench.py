@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from deniable.shuffler.forwarder import DEFAULT_WINDOW as FORWARD_WINDOW
-from deniable.sim import benchkit, render
+from deniable.sim import benchkit, populations, render
 from deniable.sim.benchkit import ServiceProcess, say
 from deniable.sim.sink import SinkAggregator, ingest_batches, shuffled_batches, start_sink
 from deniable.v1 import deniable_pb2 as pb
@@ -215,7 +215,7 @@ class BenchRun:
             )
             for name, size in (("bench-stages", n_min), ("bench-e2e", n_min), ("bench-warmup", 1))
         ]
-        values = benchkit.interleaved_population(benchkit.zipf_shares(len(LABELS)), config.reports)
+        values = populations.interleaved_population(populations.zipf_shares(len(LABELS)), config.reports)
         say(config.progress, "sealing reports as simulated devices (every core) ...")
         self.sealed_stage, self.sealed_e2e = [
             await asyncio.to_thread(

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from deniable.sim import benchkit, render
+from deniable.sim import benchkit, populations, render
 from deniable.sim.benchkit import ServiceProcess, say
 from deniable.sim.sink import ingest_batches, shuffled_batches, start_sink
 
@@ -55,7 +55,7 @@ async def _run(config: MemoryConfig, workdir: Path, progress: bool) -> dict[str,
         baseline_aggregator = aggregator.peak_rss_mb()
         request = benchkit.bucket_campaign_request("bench-memory", 8, 1.0, min(1000, config.reports))
         campaign = await benchkit.create_campaign(aggregator.address, request)
-        values = benchkit.interleaved_population(benchkit.zipf_shares(8), config.reports)
+        values = populations.interleaved_population(populations.zipf_shares(8), config.reports)
         say(progress, f"sealing {config.reports:,} reports on {config.workers} cores ...")
         sealed = await asyncio.to_thread(
             benchkit.seal_with_bar, campaign, values, pool, config.workers, "seal", progress

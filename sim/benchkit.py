@@ -507,30 +507,6 @@ def chunk_requests(elements: Sequence[bytes], size: int = REQUEST_REPORTS) -> li
     ]
 
 
-def zipf_shares(buckets: int, exponent: float = 1.0) -> list[float]:
-    """Deterministic, skewed true shares over ``buckets`` categories (Zipf)."""
-    weights = 1.0 / np.arange(1, buckets + 1, dtype=np.float64) ** exponent
-    return [float(w) for w in weights / weights.sum()]
-
-
-def interleaved_population(shares: Sequence[float], devices: int) -> np.ndarray:
-    """``exact_population`` (counts as close to the shares as integers allow), spread out in order.
-
-    Devices are reordered by a fixed stride coprime to their number, so arrivals over time mix
-    every value (deterministic: no random generator involved).
-    """
-    from deniable.sim.demo import exact_population
-
-    values = exact_population(shares, devices)
-    if devices < 3:
-        return values
-    stride = int(devices * 0.6180339887) | 1
-    while np.gcd(stride, devices) != 1:
-        stride += 2
-    order = (np.arange(devices, dtype=np.int64) * stride) % devices
-    return values[order]
-
-
 def plaintext_channel(address: str) -> grpc.aio.Channel:
     """A plaintext channel to a benchmark's service (they run ``insecure``, on loopback)."""
     from deniable.core.plumbing.service import insecure_channel

@@ -27,6 +27,7 @@ from deniable.core.plumbing.mqtt import BrokerAddress
 from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.sim import render
 from deniable.sim.local import LocalServices, local_services
+from deniable.sim.populations import exact_population
 from deniable.sim.render import answer_json, answer_table, plot_answers, privacy_line
 from deniable.v1 import deniable_pb2 as pb
 
@@ -52,16 +53,6 @@ class DemoCampaign:
         """True number of devices per bucket."""
         cells = max(len(self.request.labels), 2)
         return [int(count) for count in np.bincount(self.truth_values, minlength=cells)]
-
-
-def exact_population(shares: Sequence[float], devices: int) -> np.ndarray:
-    """True values for ``devices`` simulated devices, counts as close to ``shares`` as integers allow.
-
-    Devices are listed bucket by bucket; order carries no information past the shuffler.
-    """
-    counts = np.floor(np.asarray(shares) * devices).astype(int)
-    counts[0] += devices - int(counts.sum())
-    return np.repeat(np.arange(len(shares)), counts)
 
 
 def demo_campaigns(

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deniable.client.transport import RETRYABLE_CODES
-from deniable.sim import benchkit, render
+from deniable.sim import benchkit, populations, render
 from deniable.sim.benchkit import ServiceProcess
 from deniable.v1 import deniable_pb2 as pb
 
@@ -378,7 +378,7 @@ async def _run(config: LoadConfig, workdir: Path) -> dict[str, Any]:
     try:
         where = await _deployment(config, workdir, services)
         campaign = await benchkit.create_campaign(where.aggregator, _campaign_request(config))
-        values = benchkit.interleaved_population(benchkit.zipf_shares(config.buckets), config.devices)
+        values = populations.interleaved_population(populations.zipf_shares(config.buckets), config.devices)
         truth = np.bincount(values, minlength=config.buckets).astype(np.int64)
         elements = await _seal_devices(config, campaign, values)
         tracker = Tracker(arrival_times(config.pattern, config.devices, config.duration_s))
