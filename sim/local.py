@@ -25,6 +25,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import grpc
 
 from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
 from deniable.client import GrpcTransport, Outbox, Reporter, Transport
@@ -62,6 +65,8 @@ class LocalServices:
     aggregator: RunningAggregator
     shuffler: RunningShuffler
     operator: pb_grpc.AggregatorAsyncStub
+    tls: bool = True
+    """False: every link in plaintext (to measure what TLS costs; never a deployment)."""
     acknowledged: dict[str, int] = field(default_factory=dict)
     """Messages acknowledged per campaign so far (what ``close_and_count`` waits for)."""
 
@@ -77,7 +82,15 @@ class LocalServices:
 
     def device_transport(self) -> Transport:
         """A device's gRPC transport to the shuffler, verifying it against the throwaway CA."""
+        if not self.tls:
+            return GrpcTransport(self.shuffler.address, insecure=True)
         return GrpcTransport(self.shuffler.address, tls=ClientTls(ca=self.certs.ca))
+
+    def device_channel(self) -> grpc.aio.Channel:
+        """A raw gRPC channel to the shuffler as a device opens it (for drivers below the SDK)."""
+        if not self.tls:
+            return open_channel(self.shuffler.address, insecure=True)
+        return open_channel(self.shuffler.address, ClientTls(ca=self.certs.ca))
 
     async def report(
         self,
@@ -165,27 +178,33 @@ async def _devices_report(
 
 @asynccontextmanager
 async def local_services(
-    workdir: Path, mqtt: MqttIngressConfig | None = None
+    workdir: Path, mqtt: MqttIngressConfig | None = None, tls: bool = True, **shuffler_settings: Any
 ) -> AsyncIterator[LocalServices]:
     """An aggregator and a shuffler in this process on loopback, TLS from a throwaway CA in ``workdir``.
 
-    With ``mqtt`` the shuffler also serves that broker. Both services stop when the block ends.
+    With ``mqtt`` the shuffler also serves that broker; ``shuffler_settings`` override its
+    ``ShufflerConfig``; ``tls=False`` runs every link in plaintext. Both stop when the block ends.
     """
     certs = write_dev_certs(workdir / "certs")  # throwaway: a CA and a certificate per role
     aggregator = await start_aggregator(
         AggregatorConfig(
             data_dir=workdir / "aggregator",
             listen="127.0.0.1:0",
-            tls=ServerTls(certs.cert("aggregator"), certs.key("aggregator"), certs.ca),
+            tls=_server_tls(certs, "aggregator", tls),
+            insecure=not tls,
         )
     )
     try:
-        shuffler = await start_shuffler(_shuffler_config(workdir, aggregator.address, certs, mqtt))
+        settings = (
+            _shuffler_settings(workdir, aggregator.address, certs, tls) | {"mqtt": mqtt} | shuffler_settings
+        )
+        shuffler = await start_shuffler(ShufflerConfig(**settings))
         try:
             operator_tls = ClientTls(ca=certs.ca, cert=certs.cert("operator"), key=certs.key("operator"))
-            channel = open_channel(aggregator.address, operator_tls)
+            channel = open_channel(aggregator.address, operator_tls if tls else None, insecure=not tls)
             try:
-                yield LocalServices(workdir, certs, aggregator, shuffler, pb_grpc.AggregatorStub(channel))
+                stub = pb_grpc.AggregatorStub(channel)
+                yield LocalServices(workdir, certs, aggregator, shuffler, stub, tls)
             finally:
                 await channel.close()
         finally:
@@ -194,22 +213,25 @@ async def local_services(
         await aggregator.stop()
 
 
-def _shuffler_config(
-    workdir: Path, upstream: str, certs: DevCerts, mqtt: MqttIngressConfig | None
-) -> ShufflerConfig:
-    """The simulation's shuffler: TLS, no per-source quota, a long forwarding deadline."""
-    return ShufflerConfig(
-        data_dir=workdir / "shuffler",
-        upstream=upstream,
-        listen="127.0.0.1:0",
-        mqtt=mqtt,
-        tls=ServerTls(certs.cert("shuffler"), certs.key("shuffler"), certs.ca),
-        quota_per_source=0,  # every simulated device shares 127.0.0.1
+def _server_tls(certs: DevCerts, role: str, tls: bool) -> ServerTls | None:
+    """The role's certificate and key from the throwaway CA (None in plaintext)."""
+    return ServerTls(certs.cert(role), certs.key(role), certs.ca) if tls else None
+
+
+def _shuffler_settings(workdir: Path, upstream: str, certs: DevCerts, tls: bool) -> dict[str, Any]:
+    """The simulation's shuffler: no per-source quota, a long forwarding deadline."""
+    return {
+        "data_dir": workdir / "shuffler",
+        "upstream": upstream,
+        "listen": "127.0.0.1:0",
+        "tls": _server_tls(certs, "shuffler", tls),
+        "insecure": not tls,
+        "quota_per_source": 0,  # every simulated device shares 127.0.0.1
         # A 48 MiB chunk (~290k messages) takes the aggregator longer than the default 30 s
         # to decrypt on a loaded machine; a call past its deadline is cancelled uncounted
         # and retried (defaults run of multi_message_histogram: 4 chunks uncommitted for 6 min).
-        forward_deadline_s=600.0,
-    )
+        "forward_deadline_s": 600.0,
+    }
 
 
 def simulate(
