@@ -9,6 +9,7 @@ they test is the estimator given counts with the right law, never the seed.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
@@ -158,3 +159,22 @@ def decoded_sums(mech: LocalRandomiser, values: Sequence[int], rounds: int) -> t
         ones[r] = rows[1].estimate
         covered.append(rows[1].ci_low <= truth <= rows[1].ci_high)
     return ones, covered
+
+
+@dataclass(frozen=True)
+class Kit:
+    """The helpers above as one object: the ``kit`` fixture of tests/core hands it to the protocol tests."""
+
+    exp_interval: Callable[[float], tuple[Fraction, Fraction]] = exp_interval
+    bit: Callable[[bytes, int], int] = bit
+    pair: Callable[[bytes], tuple[int, int]] = pair
+    pair_events: tuple[tuple[int, int], ...] = PAIR_EVENTS
+    multinomial_rounds: Callable[..., IntArray] = multinomial_rounds
+    binomial_rounds: Callable[..., IntArray] = binomial_rounds
+    assert_estimator: Callable[[LocalRandomiser, Sequence[int], IntArray, float], EstimatorCheck] = (
+        assert_estimator
+    )
+    assert_refuted: Callable[..., AuditResult] = assert_refuted
+    decoded_sums: Callable[[LocalRandomiser, Sequence[int], int], tuple[np.ndarray, list[bool]]] = (
+        decoded_sums
+    )
