@@ -9,12 +9,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from decimal import Decimal, localcontext
 from fractions import Fraction
 from statistics import NormalDist
 
 import numpy as np
 import pytest
+from support.stats import exp_interval, law_worst_ratio
 
 from deniable.core import mechanisms
 from deniable.core.mechanisms import LocalRandomiser
@@ -29,20 +29,6 @@ CONFIGS = [("binary_rr", eps, 2) for eps in EPSILONS] + [
     ("grr", eps, k) for eps in EPSILONS for k in GRR_SIZES
 ]
 CONFIG_IDS = [f"{name}-eps{eps}-k{k}" for name, eps, k in CONFIGS]
-DIGITS = 60
-
-
-def exp_interval(x: float) -> tuple[Fraction, Fraction]:
-    """Rationals lo < e**x < hi (lo <= 1 for x = 0), from a correctly rounded 60-digit exp."""
-    with localcontext() as ctx:
-        ctx.prec = DIGITS
-        value = Decimal(x).exp()  # Decimal(float) is exact; exp is correctly rounded
-        ulp = Decimal(1).scaleb(value.adjusted() - DIGITS + 1)
-        lo, hi = Fraction(value - ulp), Fraction(value + ulp)
-    # below ~1e-59 the 60 digits see only 1; e**x > 1 + x for x > 0 keeps "lo" strict there
-    return max(lo, 1 + Fraction(x)) if x > 0 else lo, hi
-
-
 def build(name: str, eps: float, k: int) -> LocalRandomiser:
     return mechanisms.create(name, epsilon0=eps, domain_size=k)
 
@@ -53,16 +39,7 @@ def distributions(mech: LocalRandomiser) -> list[dict[bytes, Fraction]]:
 
 def worst_ratio(mech: LocalRandomiser) -> Fraction:
     """max over outputs o and inputs v, w of P(o | v) / P(o | w), exactly."""
-    laws = distributions(mech)
-    support = set(laws[0])
-    worst = Fraction(1)
-    for law in laws:
-        assert set(law) == support, "every input must have the same support (else the ratio is infinite)"
-    for output in support:
-        column = [law[output] for law in laws]
-        assert min(column) > 0
-        worst = max(worst, max(column) / min(column))
-    return worst
+    return law_worst_ratio(distributions(mech))
 
 
 # --------------------------------------------------------------------------- exp_lower_bound
@@ -98,7 +75,6 @@ def test_exp_lower_bound_rejects_bad_exponents(x: float) -> None:
 # --------------------------------------------------------------------------- exact laws
 
 
-
 @pytest.mark.parametrize(("name", "eps", "k"), CONFIGS, ids=CONFIG_IDS)
 def test_direct_encoding_law_has_the_textbook_shape(name: str, eps: float, k: int) -> None:
     """P(report v | v) = p, P(report w | v) = q for w != v, p / q = the worst ratio, and the
@@ -115,9 +91,7 @@ def test_direct_encoding_law_has_the_textbook_shape(name: str, eps: float, k: in
     assert abs(float(p) - textbook) <= textbook * 2**-30
 
 
-
 # --------------------------------------------------------------------------- randomise
-
 
 
 def test_payload_length_grows_with_the_domain() -> None:
@@ -199,7 +173,6 @@ def test_grr_draw_map_gives_exactly_the_output_distribution(eps: float, k: int) 
         assert _outputs(mech, v, starts) == others
         assert _outputs(mech, v, [s + width_w - 1 for s in starts]) == others
         assert _outputs(mech, v, [s + width_w // 2 for s in starts]) == others
-
 
 
 # --------------------------------------------------------------------------- registry

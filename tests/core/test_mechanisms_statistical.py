@@ -64,7 +64,6 @@ def _gof(name: str, eps: float, k: int, n: int) -> None:
         assert not fit.rejects, f"value {value}: chi2 {fit.statistic:.1f} > {fit.critical:.1f}"
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "eps", "k", "n"), GOF_SLOW)
 def test_randomise_fits_its_exact_distribution_large(name: str, eps: float, k: int, n: int) -> None:
@@ -152,7 +151,6 @@ AUDIT_HONEST_DEFAULT = [
 AUDIT_HONEST_SLOW = [("binary_rr", eps, 2) for eps in (0.1, 0.5, 1.0, 2.0, 4.0, 8.0)] + [
     ("grr", eps, k) for eps in (0.1, 0.5, 1.0, 2.0, 4.0, 8.0) for k in (3, 8, 100)
 ]
-
 
 
 @pytest.mark.slow

@@ -8,12 +8,14 @@ they test is the estimator given counts with the right law, never the seed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
+import pytest
 
 from deniable.core.audit import (
     AuditResult,
@@ -23,7 +25,7 @@ from deniable.core.audit import (
     project_law,
     sufficient_samples,
 )
-from deniable.core.mechanisms.base import IntArray, LocalRandomiser
+from deniable.core.mechanisms.base import Estimate, IntArray, LocalRandomiser
 from deniable.core.mechanisms.unary import BitmapOracle
 
 DIGITS = 60  # decimal digits of the exp behind exp_interval
@@ -159,6 +161,18 @@ def decoded_sums(mech: LocalRandomiser, values: Sequence[int], rounds: int) -> t
         ones[r] = rows[1].estimate
         covered.append(rows[1].ci_low <= truth <= rows[1].ci_high)
     return ones, covered
+
+
+def assert_normal_ci(mech: LocalRandomiser, rows: Sequence[Estimate], n: int) -> None:
+    """Each 95% row is estimate +- z * se, with se from ``variance`` at the estimate clipped to [0, n]."""
+    from scipy import stats
+
+    z = stats.norm.isf(0.025)
+    for row in rows:
+        se = math.sqrt(mech.variance([min(max(row.estimate, 0), n)], n)[0])
+        assert row.std_error == pytest.approx(se, rel=1e-12)
+        assert row.ci_low == pytest.approx(row.estimate - z * se, rel=1e-9, abs=1e-9)
+        assert row.ci_high == pytest.approx(row.estimate + z * se, rel=1e-9, abs=1e-9)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,9 @@ STATISTICAL_INSTANCES = [
 ]
 
 
-def instances(predicate: Callable[[Instance], bool] | None = None, *, statistical: bool = False) -> Any:
+def instances(
+    predicate: Callable[[Instance], bool] | None = None, *, statistical: bool = False
+) -> pytest.MarkDecorator:
     """``INSTANCES`` (or ``STATISTICAL_INSTANCES``) that ``predicate`` holds for, as pytest parameters."""
     pool = STATISTICAL_INSTANCES if statistical else INSTANCES
     chosen = [i for i in pool if predicate is None or predicate(i)]

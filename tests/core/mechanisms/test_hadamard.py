@@ -14,7 +14,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from scipy import stats
 from support import stats as kit
 
 from deniable.core import mechanisms
@@ -157,7 +156,6 @@ def test_draw_map_gives_exactly_the_output_distribution(eps: float, d: int) -> N
         assert outside[:half] == outside[half:]
 
 
-
 def test_registry_round_trip() -> None:
     mech = mechanisms.create("hadamard_response", epsilon0=1, domain_size=64)
     assert isinstance(mech, HadamardResponse)
@@ -240,16 +238,10 @@ def test_estimate_inverts_expected_counts_and_builds_the_ci() -> None:
     gap = 2 * float(mech.inside_probability) - 1
     np.testing.assert_allclose((2 * exact_support - n) / gap, truth, atol=1e-6 * n)
     rows = mech.estimate(np.round(cells).astype(np.int64).tolist(), n)
-    z = stats.norm.isf(0.025)
-    for row in rows:
-        se = math.sqrt(mech.variance([min(max(row.estimate, 0), n)], n)[0])
-        assert row.std_error == pytest.approx(se, rel=1e-12)
-        assert row.ci_low == pytest.approx(row.estimate - z * se, rel=1e-9, abs=1e-9)
-        assert row.ci_high == pytest.approx(row.estimate + z * se, rel=1e-9, abs=1e-9)
+    kit.assert_normal_ci(mech, rows, n)
 
 
 # =========================================================================== goodness of fit
-
 
 
 def test_goodness_of_fit_has_teeth() -> None:
@@ -271,7 +263,6 @@ def overclaiming(eps: float, factor: float, d: int) -> HadamardResponse:
     mech = build(eps * factor, d)
     mech.epsilon0 = eps
     return mech
-
 
 
 @pytest.mark.parametrize(("eps", "d"), [(0.5, 3), (1.0, 7), (2.0, 5)])

@@ -291,7 +291,6 @@ def test_payload_bit_order_is_big_endian() -> None:
     assert mech.randomise(3, ScriptedRng([0], [[0, 7]])) == b"\x90\x00"
 
 
-
 def test_randomise_many_handles_chunks_and_empty_input() -> None:
     mech = build(1.0, 4096)  # 1,024 rows per chunk
     reports = mech.randomise_many([(7 * i) % 4096 for i in range(2500)], Csprng(key=b"\x03" * 32))
@@ -313,7 +312,6 @@ def _fit(mech: SubsetSelection, n: int, batched: bool) -> None:
 
 
 GOF_DEFAULT = [(1.0, 5, 2), (0.5, 6, 3)]
-
 
 
 @pytest.mark.slow

@@ -241,7 +241,6 @@ def test_randomise_many_reads_the_same_comparison_lazily(name: str, d: int) -> N
     assert mech.randomise_many([]) == []
 
 
-
 @pytest.mark.parametrize("name", NAMES)
 def test_bad_values_and_parameters_raise(name: str) -> None:
     mech = build(name, 1.0, 9)
@@ -294,7 +293,6 @@ def _fit(mech: UnaryEncoding, n: int, batched: bool) -> None:
 
 GOF_DEFAULT = [(name, eps, d) for name in NAMES for eps, d in [(1.0, 5), (4.0, 3)]]
 GOF_SLOW = [(name, eps, d) for name in NAMES for eps in EPSILONS for d in (2, 5, 9)]
-
 
 
 @pytest.mark.slow
