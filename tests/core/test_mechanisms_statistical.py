@@ -271,21 +271,6 @@ def test_estimator_unbiased_exact_variance_and_coverage_large(
     kit.assert_estimator(mech, truth, counts, ALPHA)
 
 
-@pytest.mark.parametrize(
-    ("name", "eps", "truth"),
-    [("binary_rr", 1.0, [1400, 600]), ("grr", 2.0, [1000, 400, 200, 160, 120, 80, 40, 0])],
-)
-def test_estimator_through_the_real_randomiser_and_tally(
-    name: str, eps: float, truth: list[int]
-) -> None:
-    """250 rounds of 2,000 reports through randomise (CSPRNG) and tally; false-failure 1e-6.
-
-    Fewer rounds than the simulated test, so the variance band is wide (about +-50%); this run
-    ties the estimator to the real sampling path rather than to the exact law.
-    """
-    mech = build(name, eps, len(truth))
-    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 250, batched=False), ALPHA)
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "eps", "truth"), [("binary_rr", 1.0, [7000, 3000]), ("grr", 2.0, SKEWED_8)])

@@ -488,12 +488,6 @@ def test_estimator_unbiased_exact_variance_and_coverage(
         assert hi * truth_free < lo * full or lo * truth_free > hi * full
 
 
-def test_estimator_through_the_real_randomiser_and_tally() -> None:
-    """300 rounds of 5,000 reports through randomise_many and tally; false-failure 1e-6."""
-    mech = build(1.0, 8)
-    truth = [x // 2 for x in SKEWED_8]
-    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 300), ALPHA)
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("eps", "omega"), [(0.5, None), (1.0, None), (1.0, 4), (2.0, 2), (4.0, 2), (6.0, 2)])

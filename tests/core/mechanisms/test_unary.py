@@ -456,13 +456,6 @@ def test_estimator_unbiased_exact_variance_and_coverage(name: str, eps: float) -
         assert hi * truth_free < lo * mech.variance(SKEWED_8, sum(SKEWED_8))[0]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_estimator_through_the_real_randomiser_and_tally(name: str) -> None:
-    """300 rounds of 5,000 reports through randomise_many and tally; false-failure 1e-6."""
-    mech = build(name, 2.0, 8)
-    truth = [x // 2 for x in SKEWED_8]
-    kit.assert_estimator(mech, truth, sampled_rounds(mech, truth, 300), ALPHA)
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "eps"), [(n, e) for n in NAMES for e in (0.5, 1.0, 2.0, 4.0, 6.0)])
