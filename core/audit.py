@@ -235,7 +235,8 @@ def sampled_rounds(
     batched: bool = True,
     rng: Csprng | None = None,
 ) -> IntArray:
-    """Count cells of ``rounds`` rounds of ``truth`` via the real sampler and ``tally``: estimator input."""
+    """Count cells of ``rounds`` rounds of ``truth`` via the real sampler, ``split_messages`` and
+    ``tally``: the estimator's input, exactly as the aggregator builds it."""
     values = [v for v, x in enumerate(truth) for _ in range(x)]
     out = np.zeros((rounds, randomiser.count_cells), dtype=np.int64)
     for r in range(rounds):
@@ -243,7 +244,7 @@ def sampled_rounds(
             payloads = randomiser.randomise_many(values, rng)
         else:
             payloads = [randomiser.randomise(v, rng) for v in values]
-        tally = randomiser.tally(payloads)
+        tally = randomiser.tally([m for payload in payloads for m in randomiser.split_messages(payload)])
         if tally.invalid.any():
             raise ValueError("tally rejected a payload of the randomiser itself")
         out[r] = tally.counts

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from support import mqtt_broker as mqtt_broker_module
+from support.processes import free_port
 
 from deniable.core.plumbing.certs import DEV_ROLES, DevCerts, write_dev_certs
 from deniable.core.plumbing.mqtt import BrokerAddress
@@ -110,9 +111,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if binary is None:
         pytest.fail("nats-server not found: run scripts/system-deps.sh", pytrace=False)
     root = tmp_path_factory.mktemp("nats")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     conf = root / "nats.conf"
     conf.write_text(
         f'listen: "127.0.0.1:{port}"\nmax_payload: 67108864\nmax_pending: 134217728\n'

@@ -9,12 +9,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from decimal import Decimal, localcontext
 from fractions import Fraction
 from statistics import NormalDist
 
 import numpy as np
 import pytest
+from support.stats import exp_interval, law_worst_ratio
 
 from deniable.core import mechanisms
 from deniable.core.mechanisms import LocalRandomiser
@@ -29,20 +29,6 @@ CONFIGS = [("binary_rr", eps, 2) for eps in EPSILONS] + [
     ("grr", eps, k) for eps in EPSILONS for k in GRR_SIZES
 ]
 CONFIG_IDS = [f"{name}-eps{eps}-k{k}" for name, eps, k in CONFIGS]
-DIGITS = 60
-
-
-def exp_interval(x: float) -> tuple[Fraction, Fraction]:
-    """Rationals lo < e**x < hi (lo <= 1 for x = 0), from a correctly rounded 60-digit exp."""
-    with localcontext() as ctx:
-        ctx.prec = DIGITS
-        value = Decimal(x).exp()  # Decimal(float) is exact; exp is correctly rounded
-        ulp = Decimal(1).scaleb(value.adjusted() - DIGITS + 1)
-        lo, hi = Fraction(value - ulp), Fraction(value + ulp)
-    # below ~1e-59 the 60 digits see only 1; e**x > 1 + x for x > 0 keeps "lo" strict there
-    return max(lo, 1 + Fraction(x)) if x > 0 else lo, hi
-
-
 def build(name: str, eps: float, k: int) -> LocalRandomiser:
     return mechanisms.create(name, epsilon0=eps, domain_size=k)
 
@@ -53,16 +39,7 @@ def distributions(mech: LocalRandomiser) -> list[dict[bytes, Fraction]]:
 
 def worst_ratio(mech: LocalRandomiser) -> Fraction:
     """max over outputs o and inputs v, w of P(o | v) / P(o | w), exactly."""
-    laws = distributions(mech)
-    support = set(laws[0])
-    worst = Fraction(1)
-    for law in laws:
-        assert set(law) == support, "every input must have the same support (else the ratio is infinite)"
-    for output in support:
-        column = [law[output] for law in laws]
-        assert min(column) > 0
-        worst = max(worst, max(column) / min(column))
-    return worst
+    return law_worst_ratio(distributions(mech))
 
 
 # --------------------------------------------------------------------------- exp_lower_bound
@@ -99,29 +76,6 @@ def test_exp_lower_bound_rejects_bad_exponents(x: float) -> None:
 
 
 @pytest.mark.parametrize(("name", "eps", "k"), CONFIGS, ids=CONFIG_IDS)
-def test_probabilities_sum_to_exactly_one(name: str, eps: float, k: int) -> None:
-    mech = build(name, eps, k)
-    for law in distributions(mech):
-        assert sum(law.values(), Fraction(0)) == 1
-        assert all(p > 0 for p in law.values())
-        assert len(law) == k
-        assert all(len(out) == mech.payload_length for out in law)
-
-
-@pytest.mark.parametrize(("name", "eps", "k"), CONFIGS, ids=CONFIG_IDS)
-def test_worst_ratio_is_bounded_by_exp_lower_bound_below_e_eps_and_tight(
-    name: str, eps: float, k: int
-) -> None:
-    mech = build(name, eps, k)
-    ratio = worst_ratio(mech)
-    bound = exp_lower_bound(eps)
-    lo, _ = exp_interval(eps)
-    assert ratio <= bound
-    assert bound < lo  # so ratio < e**eps0 strictly: eps0-LDP for the float eps0 we were given
-    assert ratio >= lo * (1 - Fraction(1, 2**30)), "thresholds should not throw away utility"
-
-
-@pytest.mark.parametrize(("name", "eps", "k"), CONFIGS, ids=CONFIG_IDS)
 def test_direct_encoding_law_has_the_textbook_shape(name: str, eps: float, k: int) -> None:
     """P(report v | v) = p, P(report w | v) = q for w != v, p / q = the worst ratio, and the
     textbook p = e^eps / (e^eps + k - 1) within 2**-30 relative."""
@@ -137,43 +91,7 @@ def test_direct_encoding_law_has_the_textbook_shape(name: str, eps: float, k: in
     assert abs(float(p) - textbook) <= textbook * 2**-30
 
 
-@pytest.mark.parametrize(
-    ("name", "eps", "k"),
-    [c for c in CONFIGS if c[2] <= 8] + [("grr", 1.0, 100)],
-    ids=[i for c, i in zip(CONFIGS, CONFIG_IDS, strict=True) if c[2] <= 8] + ["grr-eps1.0-k100"],
-)
-def test_realised_epsilon(name: str, eps: float, k: int) -> None:
-    mech = build(name, eps, k)
-    assert mech.realised_epsilon <= eps + 1e-12
-    assert mech.realised_epsilon >= eps - 1e-9
-
-
 # --------------------------------------------------------------------------- randomise
-
-
-@pytest.mark.parametrize(("name", "eps", "k"), CONFIGS, ids=CONFIG_IDS)
-def test_randomise_returns_payload_length_bytes_in_the_support(name: str, eps: float, k: int) -> None:
-    mech = build(name, eps, k)
-    keyed = Csprng(key=b"\x01" * 32)
-    for v in sorted({0, 1, k // 2, k - 1}):
-        support = {out for out, p in mech.output_distribution(v).items() if p > 0}
-        for rng in (None, keyed):
-            for _ in range(100):
-                out = mech.randomise(v, rng)
-                assert isinstance(out, bytes)
-                assert len(out) == mech.payload_length
-                assert out in support
-    assert mech.randomise(True) in mech.output_distribution(1)  # bool is an int
-
-
-@pytest.mark.parametrize(("name", "k"), [("binary_rr", 2), ("grr", 3), ("grr", 8), ("grr", 300)])
-def test_out_of_domain_values_raise(name: str, k: int) -> None:
-    mech = build(name, 1.0, k)
-    for bad in (-1, k, k + 7, 2**70, 1.0, 0.5, "0", None, b"\x00"):
-        with pytest.raises(ValueError):
-            mech.randomise(bad)  # type: ignore[arg-type]
-        with pytest.raises(ValueError):
-            mech.output_distribution(bad)  # type: ignore[arg-type]
 
 
 def test_payload_length_grows_with_the_domain() -> None:
@@ -255,21 +173,6 @@ def test_grr_draw_map_gives_exactly_the_output_distribution(eps: float, k: int) 
         assert _outputs(mech, v, starts) == others
         assert _outputs(mech, v, [s + width_w - 1 for s in starts]) == others
         assert _outputs(mech, v, [s + width_w // 2 for s in starts]) == others
-
-
-@pytest.mark.parametrize(("name", "k"), [("binary_rr", 2), ("grr", 3), ("grr", 8), ("grr", 100)])
-def test_randomness_consumed_does_not_depend_on_the_value(name: str, k: int) -> None:
-    """Constant work: the same draws are requested whatever the true value (no draw that happens
-    only when the answer flips), so the stream position after N reports is value-independent."""
-    mech = build(name, 1.0, k)
-    key = b"\x07" * 32
-    tails = []
-    for v in sorted({0, 1, k - 1}):
-        rng = Csprng(key=key)
-        for _ in range(500):
-            mech.randomise(v, rng)
-        tails.append(rng.bytes(32))
-    assert len(set(tails)) == 1
 
 
 # --------------------------------------------------------------------------- registry

@@ -17,12 +17,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.stack import start_insecure_pair
 
-from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
+from deniable.aggregator import RunningAggregator
 from deniable.core.crypto import PublicKey, seal_report
 from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
-from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
+from deniable.shuffler import RunningShuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
@@ -70,20 +71,7 @@ async def _awaited(call: Any) -> Any:
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     with asyncio.Runner() as runner:
-        aggregator = runner.run(
-            start_aggregator(AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0"))
-        )
-        shuffler = runner.run(
-            start_shuffler(
-                ShufflerConfig(
-                    insecure=True,
-                    data_dir=tmp_path / "shuf",
-                    upstream=aggregator.address,
-                    listen="127.0.0.1:0",
-                    quota_per_source=0,
-                )
-            )
-        )
+        aggregator, shuffler = runner.run(start_insecure_pair(tmp_path, quota_per_source=0))
         channels = {
             "Aggregator": insecure_channel(aggregator.address),
             "Shuffler": insecure_channel(shuffler.address),

@@ -14,13 +14,13 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.stack import start_insecure_pair
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.core.batches import batch_digest
 from deniable.core.crypto import PublicKey, seal_report
 from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
-from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
@@ -105,19 +105,7 @@ async def test_aggregator_sheds_load_and_counts_only_admitted(tmp_path: Path) ->
 
 
 async def test_shuffler_sheds_load_and_spools_only_admitted(tmp_path: Path) -> None:
-    aggregator = await start_aggregator(
-        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
-    )
-    shuffler = await start_shuffler(
-        ShufflerConfig(
-            insecure=True,
-            data_dir=tmp_path / "shuf",
-            upstream=aggregator.address,
-            listen="127.0.0.1:0",
-            quota_per_source=0,
-            max_concurrent_rpcs=LIMIT,
-        )
-    )
+    aggregator, shuffler = await start_insecure_pair(tmp_path, quota_per_source=0, max_concurrent_rpcs=LIMIT)
     try:
         async with insecure_channel(aggregator.address) as agg, insecure_channel(shuffler.address) as shuf:
             request = pb.CreateCampaignRequest(

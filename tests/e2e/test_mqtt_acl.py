@@ -17,13 +17,12 @@ from typing import Any
 
 import aiomqtt
 import pytest
+from support.stack import start_insecure_pair
 
-from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.client import Outbox, Reporter
 from deniable.client.mqtt import MqttTransport
 from deniable.core.plumbing.mqtt import DEFAULT_PREFIX, BrokerAddress, campaign_topic
 from deniable.core.plumbing.service import insecure_channel
-from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
@@ -116,18 +115,8 @@ async def test_devices_behind_the_shipped_broker_get_verified_campaigns(
 ) -> None:
     """The real shuffler logs in as its user and announces; a device logs in as a device, fetches
     and verifies; a device's attempt to overwrite the description changes nothing it receives."""
-    aggregator = await start_aggregator(
-        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
-    )
-    shuffler = await start_shuffler(
-        ShufflerConfig(
-            insecure=True,
-            data_dir=tmp_path / "shuf",
-            upstream=aggregator.address,
-            listen="127.0.0.1:0",
-            mqtt=MqttIngressConfig(broker=_as(shipped_broker, "shuffler")),
-        )
-    )
+    ingress = MqttIngressConfig(broker=_as(shipped_broker, "shuffler"))
+    aggregator, shuffler = await start_insecure_pair(tmp_path, mqtt=ingress)
     channel = insecure_channel(aggregator.address)
     device = MqttTransport(_as(shipped_broker, "device"), timeout_s=5.0, campaign_wait_s=2.0, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")

@@ -28,6 +28,7 @@ import asyncpg
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.processes import free_port
 
 from deniable.aggregator.keys import KEYS_DIR, Keyring
 from deniable.core.campaigns import randomiser_for
@@ -43,12 +44,6 @@ LABELS = ["a", "b", "c", "d"]
 N_MIN = 60
 BATCH_TARGET = 100
 """Requests hold exactly this many reports, so whatever a shuffler holds is released at the target."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -99,8 +94,8 @@ def _deploy(
     """``aggregators`` aggregator processes (same keys, one store) and ``shufflers`` shuffler
     processes (one spool); shuffler i forwards to aggregator i mod ``aggregators``."""
     commands: list[tuple[list[str], int]] = []
-    agg_ports = [_free_port() for _ in range(aggregators)]
-    metric_ports = [_free_port() for _ in range(aggregators)]
+    agg_ports = [free_port() for _ in range(aggregators)]
+    metric_ports = [free_port() for _ in range(aggregators)]
     for i, (port, metrics) in enumerate(zip(agg_ports, metric_ports, strict=True)):
         data = root / f"agg{i}"
         data.mkdir(parents=True)
@@ -108,7 +103,7 @@ def _deploy(
         args = ["aggregator", "serve", "--data-dir", str(data), "--listen", f"127.0.0.1:{port}"]
         args += ["--metrics-port", str(metrics)] + (["--store", store] if store else [])
         commands.append((args, port))
-    shuf_ports = [_free_port() for _ in range(shufflers)]
+    shuf_ports = [free_port() for _ in range(shufflers)]
     for i, port in enumerate(shuf_ports):
         args = [
             "shuffler",
@@ -302,7 +297,7 @@ def test_two_shufflers_and_two_aggregators_count_exactly_like_one_of_each(
 
 def _aggregator_args(root: Path, keys: Path, name: str, store: str, nats: str) -> tuple[list[str], int, int]:
     """Arguments of one aggregator worker consuming from NATS (keys copied), its port, metrics port."""
-    port, metrics = _free_port(), _free_port()
+    port, metrics = free_port(), free_port()
     data = root / name
     data.mkdir(parents=True)
     shutil.copytree(keys / KEYS_DIR, data / KEYS_DIR)
@@ -347,7 +342,7 @@ def test_a_worker_killed_mid_batch_has_it_redelivered_and_counted_once(
     a = subprocess.Popen([*CLI, *a_args, "--insecure"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_listening(a_port, a)
-        shuffler_port = _free_port()
+        shuffler_port = free_port()
         shuffler = [
             "shuffler",
             "serve",

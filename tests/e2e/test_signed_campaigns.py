@@ -14,8 +14,9 @@ from pathlib import Path
 import aiomqtt
 import grpc
 import pytest
+from support.stack import start_insecure_pair
 
-from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
+from deniable.aggregator import RunningAggregator
 from deniable.client import (
     CampaignClosed,
     CampaignPolicyError,
@@ -68,18 +69,7 @@ class Stack:
 
 
 async def _stack(tmp_path: Path, mqtt_config: MqttIngressConfig | None = None) -> Stack:
-    aggregator = await start_aggregator(
-        AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0")
-    )
-    shuffler = await start_shuffler(
-        ShufflerConfig(
-            insecure=True,
-            data_dir=tmp_path / "shuf",
-            upstream=aggregator.address,
-            listen="127.0.0.1:0",
-            mqtt=mqtt_config,
-        )
-    )
+    aggregator, shuffler = await start_insecure_pair(tmp_path, mqtt=mqtt_config)
     operator = pb_grpc.AggregatorStub(insecure_channel(aggregator.address))
     keys = await operator.ListKeys(pb.ListKeysRequest(), timeout=30)
     return Stack(aggregator, shuffler, operator, keys.signing_public_key)

@@ -14,11 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):  # run by path: make the sibling module importable
-    sys.path.insert(0, str(Path(__file__).parent))
-    import harness  # type: ignore[import-not-found]
-else:
-    from tests.fault import harness
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: where ``support`` lives
+from support import fault_harness as harness
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,15 +33,13 @@ from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).parent))
-    import harness  # type: ignore[import-not-found]
-else:
-    from tests.fault import harness
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: where ``support`` lives
+from support import fault_harness as harness
+from support.processes import children, free_port
 
 
 def _tree(pid: int) -> list[int]:
-    return [pid, *sorted(harness.children(pid))]
+    return [pid, *sorted(children(pid))]
 
 
 def rss_bytes(pid: int) -> int:
@@ -109,7 +107,7 @@ async def sending_started(shuffler: harness.Service, load: subprocess.Popen[byte
 async def soak(root: Path, minutes: float, rate: float, kill_every: float, seed: int) -> int:
     """Start the services, run the load test, kill on a schedule, sample, report."""
     chooser = simulation_random.Random(seed)
-    agg_port, shuf_port = harness.free_port(), harness.free_port()
+    agg_port, shuf_port = free_port(), free_port()
     aggregator = harness.Service(
         "aggregator",
         [

@@ -1,4 +1,4 @@
-"""Whole pipeline under SIGKILL and dropped messages (issue 10): the harness in ``harness.py``.
+"""Whole pipeline under SIGKILL and dropped messages (issue 10): harness in support/fault_harness.py.
 
 Default run: a short version (20 kills, 2,000 reports). The full version is a command:
 ``nice -n 10 python -m tests.fault.run --kills 300 --reports 100000`` (or ``pytest -m slow``).
@@ -6,31 +6,14 @@ Default run: a short version (20 kills, 2,000 reports). The full version is a co
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sqlite3
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support import fault_harness as harness
 
 from deniable.v1 import deniable_pb2 as pb
-
-
-def _harness() -> ModuleType:
-    """tests/fault/harness.py, loaded by path (pytest's importlib mode: ``tests`` is not importable)."""
-    name = "deniable_tests_fault_harness"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("harness.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _harness()
 
 
 def _break_store(root: Path) -> None:

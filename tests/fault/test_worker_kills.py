@@ -12,7 +12,6 @@ import asyncio
 import os
 import random as simulation_random  # kill timing only: test scheduling, never privacy noise
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.processes import alive, children, free_port
 
 from deniable.core.batches import batch_digest
 from deniable.core.campaigns import randomiser_for
@@ -34,39 +34,12 @@ from deniable.v1 import deniable_pb2_grpc as pb_grpc
 CLI = [sys.executable, "-m", "deniable.cli"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _children(pid: int) -> set[int]:
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = {int(k) for k in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            todo.extend(kids - found)
-            found |= kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @dataclass
 class Harness:
     """One aggregator process at a time on a fixed port and data directory."""
 
     data_dir: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     seen: set[int] = field(default_factory=set)
     restarts: int = 0
@@ -104,15 +77,15 @@ class Harness:
                     pass
                 assert time.monotonic() < deadline, "aggregator did not come up"
                 await asyncio.sleep(0.05)
-        self.seen |= {self.process.pid, *_children(self.process.pid)}
+        self.seen |= {self.process.pid, *children(self.process.pid)}
 
     def workers(self) -> list[int]:
         assert self.process is not None
-        return sorted(_children(self.process.pid))
+        return sorted(children(self.process.pid))
 
     async def kill_and_restart(self) -> None:
         assert self.process is not None
-        self.seen |= _children(self.process.pid)
+        self.seen |= children(self.process.pid)
         self.process.kill()
         self.process.wait(timeout=10)
         self.restarts += 1
@@ -120,7 +93,7 @@ class Harness:
 
     async def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.seen |= _children(self.process.pid)
+            self.seen |= children(self.process.pid)
             self.process.send_signal(signal.SIGTERM)
             self.process.wait(timeout=20)
 
@@ -208,7 +181,7 @@ async def _run(tmp_path: Path, kills: int, batches: int, size: int) -> None:
     finally:
         await harness.stop()
     time.sleep(1.0)
-    assert [pid for pid in harness.seen if _alive(pid)] == []  # no orphaned process
+    assert [pid for pid in harness.seen if alive(pid)] == []  # no orphaned process
 
 
 async def test_worker_and_service_kills_lose_and_duplicate_nothing(tmp_path: Path) -> None:

@@ -14,16 +14,11 @@ import time
 from pathlib import Path
 
 from deniable.core.plumbing.mqtt import BrokerAddress
+from support.processes import free_port
 
 
 class MosquittoUnavailable(RuntimeError):
     """The mosquitto binary is not installed."""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Mosquitto:
@@ -34,7 +29,7 @@ class Mosquitto:
         if not Path(binary).exists():
             raise MosquittoUnavailable("mosquitto is not installed: run scripts/system-deps.sh")
         self.binary = binary
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.config = directory / "mosquitto.conf"

@@ -16,7 +16,6 @@ import pwd
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Final
 
 import asyncpg
+
+from support.processes import free_port
 
 INSTALL_HINT: Final = "run scripts/system-deps.sh"
 SUPERUSER: Final = "postgres"
@@ -54,13 +55,6 @@ def find_bindir() -> Path | None:
         if (bindir / "initdb").is_file() and (bindir / "pg_ctl").is_file():
             return bindir
     return None
-
-
-def _free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -120,7 +114,7 @@ class PostgresServer:
             if not durable:
                 settings.update(FAST_SETTINGS)
             for attempt in range(START_ATTEMPTS):
-                server.port = _free_port()
+                server.port = free_port()
                 lines = [f"{k} = {v}" for k, v in {**settings, "port": str(server.port)}.items()]
                 (server.data / "postgresql.conf").write_text(base + "\n" + "\n".join(lines) + "\n")
                 try:

@@ -15,7 +15,6 @@ import asyncio
 import os
 import random as simulation_random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,45 +33,16 @@ from deniable.core.plumbing.service import insecure_channel
 from deniable.core.wire import decode
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
+from support.processes import alive, children, free_port
 
 CLI = [sys.executable, "-m", "deniable.cli"]
-DEVICE = [sys.executable, str(Path(__file__).with_name("device.py"))]
+DEVICE = [sys.executable, str(Path(__file__).parents[1] / "fault" / "device.py")]
 START_ATTEMPTS = 40
 """A restart that fails (e.g. the port is still held by the dead process) is retried this often."""
 
 
 class HarnessError(Exception):
     """The harness could not do its job (a service never came back, the pipeline never drained)."""
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (loopback)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def children(pid: int) -> set[int]:
-    """Every descendant of ``pid`` (from /proc)."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = {int(k) for k in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            todo.extend(kids - found)
-            found |= kids
-    return found
-
-
-def alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 async def health_answers(address: str) -> bool:
