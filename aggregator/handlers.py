@@ -22,6 +22,7 @@ import numpy as np
 
 from deniable.aggregator import postprocess
 from deniable.aggregator.decrypt import OK, Envelope, Opened, open_packed, open_reports, unpack_opened
+from deniable.aggregator.ingest_plan import CountCells, Counting, plan_ingest
 from deniable.aggregator.keys import RETIRED, Keyring, KeyStateError
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool, PoolUnavailable
@@ -31,7 +32,6 @@ from deniable.aggregator.store import (
     BatchConflict,
     CampaignCounts,
     CampaignExists,
-    CountCells,
     StoreError,
     UnknownCampaign,
 )
@@ -697,22 +697,28 @@ class AggregatorHandlers:
             valid, rejected = await asyncio.to_thread(_screen, randomiser, opened)
             if randomiser.multi_message and release is None:
                 await self._check_devices(campaign, randomiser, batch.batch_id, valid)
-        check = self._release_check(campaign, randomiser) if randomiser.multi_message else None
+        counting = Counting(
+            cells=randomiser.count_cells,
+            count_cells=_counter(randomiser),
+            devices=randomiser.devices if randomiser.multi_message else None,
+            check_release=self._release_check(campaign, randomiser) if randomiser.multi_message else None,
+        )
+        plan = await asyncio.to_thread(
+            partial(
+                plan_ingest,
+                batch_id=batch.batch_id,
+                campaign_id=campaign.id,
+                digest=batch.digest,
+                batch_size=len(envelopes),
+                valid_reports=valid,
+                rejected=rejected,
+                counting=counting,
+                release=release,
+            )
+        )
         try:
             with self.metrics.commit_seconds.time(), self.metrics.span("aggregator.commit"):
-                outcome = await self.store.ingest(
-                    batch_id=batch.batch_id,
-                    campaign_id=campaign.id,
-                    digest=batch.digest,
-                    batch_size=len(envelopes),
-                    valid_reports=valid,
-                    rejected=rejected,
-                    count_cells=_counter(randomiser),
-                    cells=randomiser.count_cells,
-                    devices=randomiser.devices if randomiser.multi_message else None,
-                    release=release,
-                    check_release=check,
-                )
+                outcome = await self.store.apply(plan)
         except ReleaseConflict as exc:
             self.metrics.batch("release_conflict")
             raise FailedPrecondition(str(exc)) from None
