@@ -223,6 +223,38 @@ async def test_failed_count_rolls_back_everything(store: AggregatorStore) -> Non
     assert out.counted == 2 and out.rejected == {}
 
 
+async def test_failure_inside_the_transaction_rolls_back_everything(store: AggregatorStore) -> None:
+    """A recount that fails after the report ids were recorded (a cross-batch repeat) undoes them."""
+    await store.create_campaign(campaign())
+    earlier = reports([0])
+    await ingest(store, "b0", earlier)
+    valid = [*earlier, *reports([1, 2])]
+    calls = 0
+
+    def fails_on_recount(payloads: Sequence[bytes]) -> np.ndarray:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise RuntimeError("recount failed")
+        return count_cells(payloads)
+
+    plan = plan_ingest(
+        batch_id="b1",
+        campaign_id="c1",
+        digest=b"d",
+        batch_size=3,
+        valid_reports=valid,
+        rejected={},
+        counting=Counting(cells=CELLS, count_cells=fails_on_recount),
+    )
+    with pytest.raises(RuntimeError):
+        await store.apply(plan)
+    assert await store.find_batch("b1") is None
+    assert await store.report_id_count("c1") == 1
+    out = await ingest(store, "b1", valid)
+    assert (out.counted, out.rejected) == (2, {DUP: 1})
+
+
 async def test_state_survives_reopen(open_store: StoreOpener) -> None:
     first = await open_store()
     await first.create_campaign(campaign())
