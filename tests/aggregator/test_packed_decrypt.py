@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from deniable.aggregator.decrypt import OK, open_packed, open_reports, unpack_opened
+from deniable.aggregator.decrypt import OK, Opened, open_packed, open_reports, unpack_opened
 from deniable.core.crypto import KEM_HYBRID, KeyPair, seal_report
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.core.wire.codec import HEADER_LENGTH
@@ -18,6 +18,21 @@ LENGTH = 96  # plaintext length of a 1..8-byte payload
 
 def _plain(payload: bytes = b"\x03", campaign: str = CAMPAIGN, key_id: int = 1) -> bytes:
     return encode(Plaintext(new_report_id(), campaign, key_id, payload), LENGTH)
+
+
+def _both_paths(keys: dict[int, bytes], cases: list[tuple[int, bytes]]) -> tuple[list[Opened], list[Opened]]:
+    """The outcomes of ``open_reports`` and of ``open_packed`` (unpacked) for (key id, ciphertext)s."""
+    width = len(cases[0][1])
+    expected = open_reports(CAMPAIGN, LENGTH, width, keys, [(CAMPAIGN, k, c) for k, c in cases])
+    packed = open_packed(
+        CAMPAIGN,
+        LENGTH,
+        width,
+        keys,
+        np.array([k for k, _ in cases], dtype="<u4").tobytes(),
+        b"".join(c for _, c in cases),
+    )
+    return expected, unpack_opened(packed)
 
 
 def test_open_packed_matches_open_reports_on_good_and_bad_reports() -> None:
@@ -53,16 +68,8 @@ def test_open_packed_matches_open_reports_on_good_and_bad_reports() -> None:
     keys = {1: pair.private_raw, 2: other.private_raw}
     width = len(cases[0][1])
     assert all(len(c) == width for _, c in cases)
-    expected = open_reports(CAMPAIGN, LENGTH, width, keys, [(CAMPAIGN, k, c) for k, c in cases])
-    packed = open_packed(
-        CAMPAIGN,
-        LENGTH,
-        width,
-        keys,
-        np.array([k for k, _ in cases], dtype="<u4").tobytes(),
-        b"".join(c for _, c in cases),
-    )
-    assert unpack_opened(packed) == expected
+    expected, packed_outcome = _both_paths(keys, cases)
+    assert packed_outcome == expected
     reasons = [reason for reason, _, _ in expected]
     assert reasons.count(OK) == 42 and len(set(reasons)) >= 4
 
@@ -138,14 +145,5 @@ def test_open_packed_matches_open_reports_on_every_malformed_plaintext() -> None
     cases = _malformed_plaintexts()
     sealed = [(k, seal_report(p, pair.public, CAMPAIGN)) for p, k in cases.values()]
     keys = {1: pair.private_raw, 2: KeyPair.generate(2).private_raw}
-    width = len(sealed[0][1])
-    expected = open_reports(CAMPAIGN, LENGTH, width, keys, [(CAMPAIGN, k, c) for k, c in sealed])
-    packed = open_packed(
-        CAMPAIGN,
-        LENGTH,
-        width,
-        keys,
-        np.array([k for k, _ in sealed], dtype="<u4").tobytes(),
-        b"".join(c for _, c in sealed),
-    )
-    assert unpack_opened(packed) == expected
+    expected, packed_outcome = _both_paths(keys, sealed)
+    assert packed_outcome == expected
