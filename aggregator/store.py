@@ -30,7 +30,19 @@ T = TypeVar("T")
 
 SCHEMA_VERSION: Final = 1
 PAGE_CACHE_KIB: Final = 64 * 1024
-__all__ = ["BatchConflict", "IngestOutcome", "StoreError", "UnknownCampaign"]  # re-exported for callers
+__all__ = [  # the store's errors and outcome are defined with the pipeline, re-exported here
+    "DELETED_WITH_CAMPAIGN",
+    "SCHEMA_VERSION",
+    "AggregatorStore",
+    "BatchConflict",
+    "BatchRecord",
+    "CampaignCounts",
+    "CampaignExists",
+    "IngestOutcome",
+    "SqliteAggregatorStore",
+    "StoreError",
+    "UnknownCampaign",
+]
 
 
 class CampaignExists(StoreError):
