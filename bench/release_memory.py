@@ -18,7 +18,8 @@ from pathlib import Path
 
 from deniable.core.rng import default_rng
 from deniable.shuffler.batcher import MAX_BATCH_BYTES, chunk_sizes
-from deniable.shuffler.segments import ColumnReports, SegmentSpool
+from deniable.shuffler.columns import ColumnReports
+from deniable.shuffler.segments import SegmentSpool
 
 
 def peak_mib() -> float:

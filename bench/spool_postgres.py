@@ -26,7 +26,8 @@ from pathlib import Path
 from types import ModuleType
 
 from deniable.core.rng import default_rng
-from deniable.shuffler.segments import ColumnReports, Columns, SegmentPaths, SegmentSpool
+from deniable.shuffler.columns import ColumnReports, Columns
+from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.spool import SpoolStore
 from deniable.shuffler.spool_postgres import PostgresSpool
 
@@ -46,7 +47,6 @@ def _postgres_server_module() -> ModuleType:
 
 def measure(spool: SpoolStore, reports: int, request: int, batch: int) -> dict[str, float]:
     """Microseconds per report of append, of forming batches, and of loading + deleting them."""
-    assert isinstance(spool, SegmentPaths)
     payload = default_rng().bytes(CIPHERTEXT)
     chunk = ColumnReports.of("bench", Columns.of([1] * request, [payload] * request))
     clock: Callable[[], float] = time.perf_counter

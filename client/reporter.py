@@ -36,6 +36,7 @@ from deniable.client.budget import BudgetExceeded, BudgetLedger, fits
 from deniable.client.outbox import Outbox
 from deniable.client.transport import Transport, TransportError
 from deniable.core import mechanisms
+from deniable.core.backoff import backoff_delay
 from deniable.core.campaigns import (
     layout_for,
     mechanism_has_local_guarantee,
@@ -49,7 +50,6 @@ from deniable.core.crypto import (
     verify_campaign,
 )
 from deniable.core.ids import valid_campaign_id
-from deniable.core.rng import Csprng, default_rng
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.v1 import deniable_pb2 as pb
 
@@ -212,14 +212,6 @@ def reason_name(reason: pb.RejectReason.ValueType) -> str:
         return f"REJECT_REASON_{reason}"
 
 
-def backoff_delay(attempt: int, base_delay_s: float, max_delay_s: float, rng: Csprng | None = None) -> float:
-    """Full-jitter backoff: uniform in [0, min(max_delay_s, base_delay_s * 2**attempt)], CSPRNG drawn."""
-    cap = min(max_delay_s, base_delay_s * 2.0 ** min(attempt, 64))
-    if cap <= 0:
-        return 0.0
-    return cap * (rng or default_rng()).randbits(53) / float((1 << 53) - 1)
-
-
 def validate_campaign(campaign: pb.Campaign) -> None:
     """Raise CampaignInvalid unless the description is one this SDK can report to correctly."""
     if not valid_campaign_id(campaign.id):
@@ -306,7 +298,7 @@ class Reporter:
         """A Reporter for the campaign, once its signature verifies with the pinned ``aggregator_key``
         (the aggregator's Ed25519 signing public key, raw or hex) and it fits ``policy``.
 
-        A retryable TransportError is retried with the full-jitter backoff of ``send_pending``;
+        A retryable TransportError is retried with the equal-jitter backoff of ``send_pending``;
         after ``give_up_after_s`` (measured with ``clock``) it raises CampaignUnavailable. Raises
         CampaignSignatureError (unsigned, altered, another key, or no key pinned without
         ``insecure_skip_verify=True``), CampaignPolicyError, or CampaignInvalid.
@@ -427,9 +419,9 @@ class Reporter:
 
         Accepted and rejected reports leave the outbox (rejections are counted and logged with
         their reason: every per-report rejection is final). A retryable TransportError is retried
-        after full-jitter exponential backoff; after ``max_attempts`` consecutive failures the
-        rest stay queued for a later call. A non-retryable TransportError (including a response
-        that does not account for every report) is raised, leaving the current batch queued.
+        after equal-jitter exponential backoff (``core.backoff``); after ``max_attempts`` consecutive
+        failures the rest stay queued for a later call. A non-retryable TransportError (including a
+        response that does not account for every report) is raised, leaving the current batch queued.
         """
         if batch_size <= 0 or max_attempts <= 0:
             raise ValueError("batch_size and max_attempts must be positive")

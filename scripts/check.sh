@@ -1,17 +1,48 @@
 #!/usr/bin/env bash
-# Static checks: ruff, mypy --strict over a path view of the deniable namespace, proto drift.
+# Static checks: ruff, mypy --strict over a path view of the deniable namespace, the import-linter
+# contracts, proto drift; optionally mypy on tests (MYPY_TESTS=1) and the duplicate-code check
+# (DUPCHECK=1) until the lead switches them on after issue 13's refactors (ADR 0028).
 # mypy cannot follow the editable install's import hook, so build/typecheck/deniable holds
 # symlinks to the top-level folders, mirroring the package-dir mapping in pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PRODUCT=(core client shuffler aggregator cli sim)
 view=build/typecheck
 rm -rf "$view" && mkdir -p "$view/deniable"
-for pkg in core client shuffler aggregator cli sim; do ln -s "../../../$pkg" "$view/deniable/$pkg"; done
+for pkg in "${PRODUCT[@]}"; do ln -s "../../../$pkg" "$view/deniable/$pkg"; done
 ln -s ../../../proto/deniable/v1 "$view/deniable/v1"
 echo "== ruff"
 ruff check .
 echo "== mypy --strict"
-MYPYPATH="$view" mypy --strict -p deniable.core -p deniable.client -p deniable.shuffler -p deniable.aggregator -p deniable.cli -p deniable.sim
+packages=(); for pkg in "${PRODUCT[@]}"; do packages+=(-p "deniable.$pkg"); done
+MYPYPATH="$view" mypy --strict "${packages[@]}"
+echo "== import contracts (lint-imports; known-broken ones in tests/import_contracts_broken.txt skipped)"
+contracts=$(python - <<'PY'
+import tomllib
+ids = [c["id"] for c in tomllib.load(open("pyproject.toml", "rb"))["tool"]["importlinter"]["contracts"]]
+broken = {line.split("#")[0].strip() for line in open("tests/import_contracts_broken.txt")} - {""}
+print(" ".join(f"--contract {i}" for i in ids if i not in broken))
+PY
+)
+# shellcheck disable=SC2086  # one word per option on purpose
+lint-imports --no-cache --no-logo $contracts
+if [ "${MYPY_TESTS:-0}" = 1 ]; then
+  # Tests are checked less strictly than the product (fixtures take untyped pytest objects) but
+  # every body is checked. With tests/ on MYPYPATH, tests/<dir>/conftest.py is <dir>.conftest, so
+  # same-named files do not collide. tests/fault/run.py and soak.py import tests.fault as a package
+  # (they run as `python -m tests.fault.run`), which would map harness.py twice: left out.
+  echo "== mypy tests/ (check_untyped_defs)"
+  MYPYPATH="$view:tests" mypy --allow-untyped-defs --allow-incomplete-defs --allow-untyped-calls \
+    --allow-untyped-decorators --check-untyped-defs --exclude 'tests/fault/(run|soak)\.py$' tests
+fi
+if [ "${DUPCHECK:-0}" = 1 ]; then
+  # pylint's similarity checker (R0801) over the product code: 8 or more equal lines, imports,
+  # docstrings, comments and signatures ignored; generated stubs are outside the product folders.
+  echo "== duplicate code (pylint R0801)"
+  pylint --disable=all --enable=duplicate-code --min-similarity-lines=8 --ignore-imports=yes \
+    --ignore-docstrings=yes --ignore-comments=yes --ignore-signatures=yes --ignore-patterns='.*_pb2.*' \
+    --score=no "${PRODUCT[@]}"
+fi
 echo "== proto stubs"
 scripts/gen_proto.sh --check
 echo "static checks passed"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: install the Debian packages the tests need
 # (scripts/system-deps.sh: mosquitto, postgresql), make/use .venv, install the project and its
-# dev tools, run the static checks (ruff, mypy --strict, proto drift), then pytest.
+# dev tools, run the static checks (ruff, mypy --strict, import contracts, proto drift), then pytest
+# (which prints the 20 slowest tests: --durations=20 in pyproject addopts).
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."

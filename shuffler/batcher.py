@@ -21,7 +21,6 @@ from deniable.core.errors import Unavailable
 from deniable.core.rng import default_rng
 from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import Permutation, SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -124,16 +123,11 @@ class Batcher:
             return BatchingResult(formed, batched, held, tuple(window_held))
 
     async def _form(self, campaign_id: str, plan: _Plan) -> tuple[int, int]:
-        """Form the planned batches; (batches, reports) formed."""
-        if isinstance(self._store, SegmentPaths):  # sizes only: no envelope per report
-            fast = await asyncio.to_thread(
-                self._store.form_batch_sizes, campaign_id, plan.sizes, self._permutation, plan.whole
-            )
-            return len(fast), sum(b.report_count for b in fast)
-        records = await asyncio.to_thread(
-            self._store.form_batches, campaign_id, plan.sizes, self._permutation
+        """Form the planned batches (sizes only: no envelope per report); (batches, reports) formed."""
+        formed = await asyncio.to_thread(
+            self._store.form_batch_sizes, campaign_id, plan.sizes, self._permutation, plan.whole
         )
-        return len(records), sum(len(r.reports) for r in records)
+        return len(formed), sum(b.report_count for b in formed)
 
     async def _plan(
         self,
@@ -203,9 +197,7 @@ class Batcher:
         """Chunks of at least ``floor`` (when ``pending`` allows); whole requests where required."""
         max_batch, floor = self._limits(campaign, floor)
         if campaign.keep_requests_whole:
-            if isinstance(self._store, SegmentPaths):
-                # Every pending request, as one release: one permutation cut into chunks under the
-                # byte limit, anywhere (the aggregator counts the release whole; ADR 0023).
-                return _Plan(chunk_sizes(pending, max_batch, 1), True, cause)
-            return _Plan([pending], False, cause)  # one batch: no request can be split
+            # Every pending request, as one release: one permutation cut into chunks under the
+            # byte limit, anywhere (the aggregator counts the release whole; ADR 0023).
+            return _Plan(chunk_sizes(pending, max_batch, 1), True, cause)
         return _Plan(chunk_sizes(pending, max_batch, floor), False, cause)

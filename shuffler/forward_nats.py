@@ -12,9 +12,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from deniable.core.plumbing.jetstream import SUBJECT
-from deniable.shuffler.forwarder import ForwardResult, shuffled_batch
+from deniable.shuffler.forwarder import ForwardResult
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import SpoolStore
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ class NatsForwarder:
         """Publish the batches (of ``campaign_id`` if given), oldest first; stop at the first failure."""
         batches = reports = 0
         for batch_id in await asyncio.to_thread(self._store.batch_ids, campaign_id or None):
-            loaded = await asyncio.to_thread(self._wire, batch_id)
+            loaded = await asyncio.to_thread(self._store.load_wire, batch_id)
             if loaded is None:
                 continue  # forwarded by another shuffler meanwhile
             wire, size = loaded
@@ -60,12 +59,3 @@ class NatsForwarder:
             batches += 1
             reports += size
         return ForwardResult(batches, reports, 0)
-
-    def _wire(self, batch_id: str) -> tuple[bytes, int] | None:
-        """The batch's ShuffledBatch bytes and size, from the spool's fast path if it has one."""
-        if isinstance(self._store, SegmentPaths):
-            return self._store.load_wire(batch_id)
-        record = self._store.load_batch(batch_id)
-        if record is None:
-            return None
-        return shuffled_batch(record).SerializeToString(), len(record.reports)

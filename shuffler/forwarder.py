@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import grpc
 
-from deniable.core.rng import Csprng, default_rng
+from deniable.core.backoff import Backoff
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.segments import SegmentPaths
 from deniable.shuffler.spool import BatchRecord, CampaignSpoolStats, SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -54,43 +53,6 @@ class BatchForwarder(Protocol):
 
     async def forward(self, campaign_id: str = "", *, force: bool = False) -> ForwardResult:
         """One pass over the spool's batches (of ``campaign_id`` if given)."""
-
-
-class Backoff:
-    """Exponential backoff with "equal jitter": a delay in [cap/2, cap), the jitter from the CSPRNG."""
-
-    def __init__(
-        self,
-        base_s: float,
-        max_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        rng: Csprng | None = None,
-    ) -> None:
-        """Delays start at ``base_s`` and double per consecutive failure up to ``max_s``."""
-        self._base_s = base_s
-        self._max_s = max_s
-        self._clock = clock
-        self._rng = rng or default_rng()
-        self.failures = 0
-        self.not_before = -float("inf")
-
-    def ready(self) -> bool:
-        """Whether the next attempt may be made now."""
-        return self._clock() >= self.not_before
-
-    def failed(self) -> float:
-        """Record a failure; return the delay before the next attempt."""
-        self.failures += 1
-        cap = min(self._max_s, self._base_s * 2 ** min(self.failures - 1, 62))
-        half_ms = max(1, int(cap * 500))
-        delay = (half_ms + self._rng.randbelow(half_ms)) / 1000
-        self.not_before = self._clock() + delay
-        return delay
-
-    def succeeded(self) -> None:
-        """Reset after a success."""
-        self.failures = 0
-        self.not_before = -float("inf")
 
 
 RawIngest = Callable[..., Awaitable[pb.IngestBatchResponse]]
@@ -152,8 +114,8 @@ class Forwarder:
     ) -> None:
         """``deadline_s`` bounds one IngestBatch call; retries back off from ``retry_base_s``.
 
-        ``raw_ingest`` (IngestBatch taking serialised bytes, see ``raw_ingest_callable``) lets a
-        ``SegmentSpool`` send the batch bytes it builds itself. ``window`` batches may be in
+        ``raw_ingest`` (IngestBatch taking serialised bytes, see ``raw_ingest_callable``) sends the
+        batch bytes the spool stored (``load_wire``). ``window`` batches may be in
         flight at once (1: strictly one after the other).
         """
         if window < 1:
@@ -181,7 +143,6 @@ class Forwarder:
         """
         if not force and not self._upstream_backoff.ready():
             return ForwardResult()
-        batches = reports = failures = 0
         batch_ids = await asyncio.to_thread(self._store.batch_ids, campaign_id or None)
         for stale in set(self._batch_backoff) - set(batch_ids):
             if not campaign_id:
@@ -207,6 +168,20 @@ class Forwarder:
                 return size, code
 
         outcomes = await asyncio.gather(*(attempt(batch_id) for batch_id in due))
+        result = self._tally(due, outcomes)
+        if unreachable is not None:
+            delay = self._upstream_backoff.failed()
+            log.warning(
+                "forwarding failed; batches kept, retried later",
+                extra={"code": unreachable.name, "retry_in_s": round(delay, 3)},
+            )
+        return result
+
+    def _tally(
+        self, due: list[str], outcomes: list[tuple[int | None, grpc.StatusCode | None]]
+    ) -> ForwardResult:
+        """Count acknowledged and failed batches; back off a batch the aggregator refused."""
+        batches = reports = failures = 0
         for batch_id, (size, code) in zip(due, outcomes, strict=True):
             if size is None:  # gone meanwhile
                 continue
@@ -226,18 +201,11 @@ class Forwarder:
                     "aggregator refused a batch; kept, retried later",
                     extra={"batch_id": batch_id, "code": code.name, "retry_in_s": round(delay, 3)},
                 )
-                continue
-        if unreachable is not None:
-            delay = self._upstream_backoff.failed()
-            log.warning(
-                "forwarding failed; batches kept, retried later",
-                extra={"code": unreachable.name, "retry_in_s": round(delay, 3)},
-            )
         return ForwardResult(batches, reports, failures)
 
     async def _attempt(self, batch_id: str) -> tuple[int | None, grpc.StatusCode | None]:
         """Load and send one batch, delete it once acknowledged: (reports or None if gone, failure)."""
-        if self._raw_ingest is not None and isinstance(self._store, SegmentPaths):
+        if self._raw_ingest is not None:
             wire = await asyncio.to_thread(self._store.load_wire, batch_id)
             if wire is None:
                 return None, None

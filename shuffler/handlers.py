@@ -11,7 +11,7 @@ import logging
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from google.protobuf.message import DecodeError
@@ -21,11 +21,11 @@ from deniable.core.ids import valid_campaign_id
 from deniable.core.plumbing.metrics import reason_label
 from deniable.shuffler.batcher import Batcher
 from deniable.shuffler.campaigns import CampaignDirectory
+from deniable.shuffler.columns import ColumnReports
 from deniable.shuffler.forwarder import Pipeline
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.quota import SourceKeys, SourceQuota
 from deniable.shuffler.rawsubmit import RawSubmit
-from deniable.shuffler.segments import ColumnReports
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 
@@ -104,11 +104,25 @@ class ShufflerHandlers:
             uniform = await self._submit_uniform(request, source)
             if uniform is not None:
                 return uniform
-            try:
-                request = request.parsed
-            except DecodeError:
-                raise InvalidRequest("the request is not a SubmitReportsRequest") from None
+            request = _parsed(request)
         reports = request.reports
+        campaign_ids, distinct = self._check_shape(reports)
+        campaigns = await self._campaigns_with_current_keys(
+            distinct, campaign_ids, [r.key_id for r in reports]
+        )
+        now = self._wall_clock()
+        accepted, response = _sort_reports(
+            reports, campaign_ids, campaigns, _expectations(campaigns, now), now
+        )
+        columns = ColumnReports([(c, keys, texts) for c, (keys, texts) in accepted.items()])
+        demand = {c: len(keys) for c, (keys, _) in accepted.items()}
+        await self._spool(columns, source, demand, campaigns)
+        response.accepted = len(columns)
+        self._count(response)
+        return response
+
+    def _check_shape(self, reports: Sequence[pb.EncryptedReport]) -> tuple[list[str], set[str]]:
+        """(campaign id of each report, distinct ids); InvalidRequest if empty or too large."""
         if not reports:
             raise InvalidRequest("the request holds no reports")
         if len(reports) > self._max_reports:
@@ -120,11 +134,17 @@ class ShufflerHandlers:
             raise InvalidRequest(
                 f"{len(distinct)} campaigns in one request; at most {MAX_CAMPAIGNS_PER_REQUEST}"
             )
+        return campaign_ids, distinct
+
+    async def _campaigns_with_current_keys(
+        self, distinct: set[str], campaign_ids: list[str], key_ids: list[int]
+    ) -> dict[str, pb.Campaign | None]:
+        """The campaigns; one whose cached key id some report does not match (a rotation?) refreshed
+        once (rate-limited by the directory)."""
         campaigns = await self._resolve(distinct)
-        key_ids = [r.key_id for r in reports]
-        # A key id the cached campaign does not know may mean a rotation: refresh (rate-limited) once.
         expected_key = {c: campaign.key_id for c, campaign in campaigns.items() if campaign is not None}
         if len(distinct) == 1:
+            first = campaign_ids[0]
             want_key = expected_key.get(first)
             mismatch = want_key is not None and key_ids.count(want_key) != len(key_ids)
             rotated = {first} if mismatch else set()
@@ -136,47 +156,13 @@ class ShufflerHandlers:
             }
         for campaign_id in sorted(rotated):
             campaigns[campaign_id] = await self.directory.refresh(campaign_id)
-        now = self._wall_clock()
-        ciphertexts = [r.ciphertext for r in reports]
-        # Per campaign once: (key id, ciphertext length) every report must have, or None if refused.
-        expected: dict[str, tuple[int, int] | None] = {}
-        for campaign_id, campaign in campaigns.items():
-            closed = (
-                campaign is not None and bool(campaign.window_end_unix) and now >= campaign.window_end_unix
-            )
-            expected[campaign_id] = (
-                None if campaign is None or closed else (campaign.key_id, campaign.ciphertext_length)
-            )
-        accepted: dict[str, tuple[list[int], list[bytes]]] = {}
-        response = pb.SubmitReportsResponse()
-        only = expected.get(first) if len(distinct) == 1 else None
-        if (
-            only is not None
-            and key_ids.count(only[0]) == len(key_ids)
-            and set(map(len, ciphertexts)) == {only[1]}
-        ):
-            accepted[first] = (key_ids, ciphertexts)  # the usual request: every report fits
-        else:
-            for index, (campaign_id, key_id, ciphertext) in enumerate(
-                zip(campaign_ids, key_ids, ciphertexts, strict=True)
-            ):
-                want = expected[campaign_id]
-                if want is not None and key_id == want[0] and len(ciphertext) == want[1]:
-                    keys, texts = accepted.setdefault(campaign_id, ([], []))
-                    keys.append(key_id)
-                    texts.append(ciphertext)
-                    continue
-                verdict = check_envelope(reports[index], campaigns[campaign_id], now)
-                assert verdict is not None
-                response.rejected.add(index=index, reason=verdict[0], detail=verdict[1])
-        columns = ColumnReports([(c, keys, texts) for c, (keys, texts) in accepted.items()])
-        demand = {c: len(keys) for c, (keys, _) in accepted.items()}
-        await self._spool(columns, source, demand, campaigns)
-        response.accepted = len(columns)
-        self._metrics.reports_accepted.inc(len(columns))
+        return campaigns
+
+    def _count(self, response: pb.SubmitReportsResponse) -> None:
+        """Accepted and rejected (by reason) reports in the metrics."""
+        self._metrics.reports_accepted.inc(response.accepted)
         for reason, rejected in Counter(r.reason for r in response.rejected).items():
             self._metrics.reports_rejected.labels(reason=reason_label(reason)).inc(rejected)
-        return response
 
     async def _spool(
         self,
@@ -286,3 +272,59 @@ class ShufflerHandlers:
                 for s in stats
             ]
         )
+
+
+def _parsed(request: RawSubmit) -> pb.SubmitReportsRequest:
+    """The request parsed report by report; InvalidRequest if it is not a SubmitReportsRequest."""
+    try:
+        return request.parsed
+    except DecodeError:
+        raise InvalidRequest("the request is not a SubmitReportsRequest") from None
+
+
+def _expectations(
+    campaigns: Mapping[str, pb.Campaign | None], now: float
+) -> dict[str, tuple[int, int] | None]:
+    """Per campaign once: (key id, ciphertext length) every report must have, or None if refused."""
+    expected: dict[str, tuple[int, int] | None] = {}
+    for campaign_id, campaign in campaigns.items():
+        closed = campaign is not None and bool(campaign.window_end_unix) and now >= campaign.window_end_unix
+        expected[campaign_id] = (
+            None if campaign is None or closed else (campaign.key_id, campaign.ciphertext_length)
+        )
+    return expected
+
+
+def _sort_reports(
+    reports: Sequence[pb.EncryptedReport],
+    campaign_ids: list[str],
+    campaigns: Mapping[str, pb.Campaign | None],
+    expected: Mapping[str, tuple[int, int] | None],
+    now: float,
+) -> tuple[dict[str, tuple[list[int], list[bytes]]], pb.SubmitReportsResponse]:
+    """(accepted key ids and ciphertexts per campaign, a response listing the rejected ones)."""
+    key_ids = [r.key_id for r in reports]
+    ciphertexts = [r.ciphertext for r in reports]
+    response = pb.SubmitReportsResponse()
+    first = campaign_ids[0]
+    only = expected.get(first) if len(expected) == 1 else None  # one campaign in the request
+    if (
+        only is not None
+        and key_ids.count(only[0]) == len(key_ids)
+        and set(map(len, ciphertexts)) == {only[1]}
+    ):
+        return {first: (key_ids, ciphertexts)}, response  # the usual request: every report fits
+    accepted: dict[str, tuple[list[int], list[bytes]]] = {}
+    for index, (campaign_id, key_id, ciphertext) in enumerate(
+        zip(campaign_ids, key_ids, ciphertexts, strict=True)
+    ):
+        want = expected[campaign_id]
+        if want is not None and key_id == want[0] and len(ciphertext) == want[1]:
+            keys, texts = accepted.setdefault(campaign_id, ([], []))
+            keys.append(key_id)
+            texts.append(ciphertext)
+            continue
+        verdict = check_envelope(reports[index], campaigns[campaign_id], now)
+        assert verdict is not None
+        response.rejected.add(index=index, reason=verdict[0], detail=verdict[1])
+    return accepted, response

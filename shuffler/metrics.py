@@ -15,7 +15,10 @@ class ShufflerMetrics(ServiceMetrics):
     """Counters and gauges; labels carry reasons, RPC names and codes, never a client identifier."""
 
     def __init__(self) -> None:
-        """Create every metric in a fresh registry."""
+        """Create every metric in a fresh registry.
+
+        Long: one flat table of metric definitions.
+        """
         super().__init__("shuffler")
         self.preinitialise(service_rpcs(pb.DESCRIPTOR.services_by_name["Shuffler"]))
         self.forward_seconds = Histogram(

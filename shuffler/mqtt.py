@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 import grpc
 from prometheus_client import Counter
 
+from deniable.core.backoff import Backoff
 from deniable.core.errors import RequestRefused
 from deniable.core.ids import valid_campaign_id
 from deniable.core.plumbing import mqtt
@@ -139,22 +140,18 @@ class MqttIngress:
         return await self._announce(client)
 
     async def _run(self) -> None:
-        attempt = 0
+        backoff = Backoff(self.config.reconnect_base_s, self.config.reconnect_max_s)
         while True:
             try:
                 await self._session()
-                attempt = 0
+                backoff.succeeded()
             except aiomqtt.MqttError as exc:
                 self.connected.clear()
                 self._client = None
-                delay = min(
-                    self.config.reconnect_max_s, self.config.reconnect_base_s * 2.0 ** min(attempt, 16)
-                )
-                delay *= 0.5 + default_rng().randbits(32) / 2.0**33  # jitter in [0.5, 1)
+                delay = backoff.failed()
                 log.warning(
                     "MQTT broker connection failed; retrying", extra={"error": str(exc), "in_s": delay}
                 )
-                attempt += 1
                 await asyncio.sleep(delay)
 
     async def _session(self) -> None:

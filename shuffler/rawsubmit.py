@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from deniable.core.protowire import read_varint, report_prefix
-from deniable.shuffler.segments import U32, Columns
+from deniable.shuffler.columns import U32, Columns
 from deniable.v1 import deniable_pb2 as pb
 
 SUBMIT_METHOD: Final = "/deniable.v1.Shuffler/SubmitReports"

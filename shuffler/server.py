@@ -7,7 +7,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -29,15 +29,19 @@ from deniable.shuffler.quota import DEFAULT_QUOTA_PER_SOURCE, DEFAULT_WINDOW_S, 
 from deniable.shuffler.rawsubmit import RawSubmitInterceptor
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
-from deniable.shuffler.spool import SpoolStore, SqliteSpool
+from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
+
+if TYPE_CHECKING:
+    from deniable.v1.deniable_pb2_grpc import AggregatorAsyncStub
 
 log = logging.getLogger("deniable.shuffler")
 
 SERVICE_NAME: Final = "deniable.v1.Shuffler"
 SPOOL_FILE: Final = "spool.sqlite3"
-SPOOLS: Final = ("segments", "rows")
+SPOOLS: Final = ("segments",)
+REMOVED_SPOOLS: Final = {"rows": "the per-report spool 'rows' was removed (ADR 0026)"}
 ACCESS_POLICY: Final = AccessPolicy(
     service="shuffler",
     allowed={
@@ -50,12 +54,27 @@ ACCESS_POLICY: Final = AccessPolicy(
 
 
 def open_spool(kind: str, path: Path, store: str | None = None) -> SpoolStore:
-    """The spool: PostgreSQL at DSN ``store`` if given, else SQLite (``kind``) at ``path``."""
+    """The spool: PostgreSQL at DSN ``store`` if given, else the SQLite segment spool at ``path``.
+
+    ``kind`` must be "segments"; an old per-report file at ``path`` is migrated on open.
+    """
+    check_spool_kind(kind)
     if store is not None:
         from deniable.shuffler.spool_postgres import PostgresSpool  # asyncpg: the [postgres] extra
 
         return PostgresSpool(store)
-    return SegmentSpool(path) if kind == "segments" else SqliteSpool(path)
+    return SegmentSpool(path)
+
+
+def check_spool_kind(kind: str) -> None:
+    """ConfigurationError (one line) unless ``kind`` names the spool this shuffler has."""
+    if kind in REMOVED_SPOOLS:
+        raise ConfigurationError(
+            f'{REMOVED_SPOOLS[kind]}: use spool = "segments" (the default), which migrates'
+            " an old per-report spool file on open"
+        )
+    if kind not in SPOOLS:
+        raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {kind!r}")
 
 
 @dataclass
@@ -84,7 +103,7 @@ class ShufflerConfig:
     forward_window: int = 2
     """Batches in flight to the aggregator at once (pipelining its parsing and decryption)."""
     spool: str = "segments"
-    """``segments`` (default: one row per request and per batch) or ``rows`` (one per report)."""
+    """``segments``, the only spool (one row per request and per batch); ``rows`` was removed (ADR 0026)."""
     forward_nats: str | None = None
     """Forward batches to this NATS JetStream URL instead of gRPC (core/plumbing/jetstream.py); campaigns
     still come from ``upstream``. TLS with the shuffler's certificate unless ``insecure``."""
@@ -197,6 +216,44 @@ def _credentials(
     )
 
 
+@dataclass
+class _Parts:
+    """What a start-up has created so far: handed to ``RunningShuffler``, or undone on failure."""
+
+    lock: service.DataDirLock
+    leftovers: service.Leftovers
+    store: SpoolStore
+    metrics: ShufflerMetrics
+    channel: grpc.aio.Channel
+    server: grpc.aio.Server
+    nats_client: Any = None
+    monitor: HealthMonitor | None = None
+
+    async def undo(self) -> None:
+        """Stop and close everything created, release the data directory, remove what was made."""
+        if self.monitor is not None:
+            await self.monitor.stop()
+        await self.server.stop(None)
+        await self.channel.close()
+        if self.nats_client is not None:
+            await self.nats_client.close()
+        self.metrics.stop_http()
+        await asyncio.to_thread(self.store.close)
+        self.lock.release()
+        self.leftovers.remove()
+
+
+@dataclass(frozen=True)
+class _Serving:
+    """The wired-up service: handlers, background pipeline, campaign directory, health."""
+
+    handlers: ShufflerHandlers
+    pipeline: Pipeline
+    directory: CampaignDirectory
+    health: health_aio.HealthServicer
+    monitor: HealthMonitor
+
+
 async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     """Open the spool, bind, start serving and the background loop.
 
@@ -204,12 +261,60 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     use (a failed start removes what it created); an unreachable upstream is not an error (batches
     wait, campaign look-ups retry) but keeps health NOT_SERVING until it answers.
     """
-    if config.spool not in SPOOLS:
-        raise ConfigurationError(f"spool must be one of {', '.join(SPOOLS)}, got {config.spool!r}")
+    check_config(config)
+    device_credentials, operator_credentials, upstream_tls = _credentials(config)
+    parts = await _open_parts(config, upstream_tls)
+    try:
+        serving = await _wire_service(config, parts)
+        port = service.bind(parts.server, config.listen, device_credentials)
+        operator_port = None
+        if config.operator_listen is not None and operator_credentials is not None:
+            operator_port = service.bind(parts.server, config.operator_listen, operator_credentials)
+        metrics_port = _serve_metrics(config, parts.metrics)
+        await serving.monitor.check_now()  # the first answer is already the truth
+        await parts.server.start()
+        serving.monitor.start()
+    except BaseException:
+        await parts.undo()
+        raise
+    serving.pipeline.start()
+    ingress = _start_mqtt(config, serving.handlers, parts.metrics)
+    address = _connect_address(config.listen, port)
+    operator_address = (
+        None if operator_port is None else _connect_address(config.operator_listen or "", operator_port)
+    )
+    _log_listening(config, address, operator_address)
+    return RunningShuffler(
+        port=port,
+        address=address,
+        handlers=serving.handlers,
+        metrics=parts.metrics,
+        metrics_port=metrics_port,
+        _server=parts.server,
+        _health=serving.health,
+        monitor=serving.monitor,
+        _lock=parts.lock,
+        _pipeline=serving.pipeline,
+        _directory=serving.directory,
+        _channel=parts.channel,
+        _store=parts.store,
+        mqtt=ingress,
+        _nats=parts.nats_client,
+        operator_port=operator_port,
+        operator_address=operator_address,
+    )
+
+
+def check_config(config: ShufflerConfig) -> None:
+    """ConfigurationError (one line) for settings no shuffler can start with."""
+    check_spool_kind(config.spool)
     check_transport(config.tls, config.insecure, "shuffler")
     if config.quota_per_source < 0 or not config.quota_window_s > 0:
         raise ConfigurationError("the quota must be >= 0 reports (0: no limit) over a window > 0 s")
-    device_credentials, operator_credentials, upstream_tls = _credentials(config)
+
+
+async def _open_parts(config: ShufflerConfig, upstream_tls: ClientTls | None) -> _Parts:
+    """Claim the data directory, open the spool, metrics, the upstream channel and the server."""
     leftovers = service.Leftovers(config.data_dir)
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -230,10 +335,14 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         raise
     metrics = ShufflerMetrics()
     metrics.tracer_provider = config.tracer_provider
-    nats_client: Any = None
     channel = open_channel(config.upstream, upstream_tls, insecure=config.insecure)
+    return _Parts(lock, leftovers, store, metrics, channel, _new_server(config, metrics))
+
+
+def _new_server(config: ShufflerConfig, metrics: ShufflerMetrics) -> grpc.aio.Server:
+    """The gRPC server with the access policy, raw SubmitReports, limits and tracing."""
     guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
-    server = service.new_server(
+    return service.new_server(
         config.max_message_bytes,
         interceptors=[guard, RawSubmitInterceptor()],
         on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
@@ -241,96 +350,102 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         tracer_provider=config.tracer_provider,
         max_concurrent_rpcs=config.max_concurrent_rpcs,
     )
-    monitor: HealthMonitor | None = None
-    try:
-        upstream = deniable_pb2_grpc.AggregatorStub(channel)
-        directory = CampaignDirectory(
-            store,
-            upstream,
-            deadline_s=config.upstream_deadline_s,
-            refresh_interval_s=config.campaign_refresh_s,
-            ttl_s=config.campaign_ttl_s,
-        )
-        batcher = Batcher(
-            store,
-            directory,
-            max_batch_reports=config.max_batch_reports,
-            max_batch_bytes=config.max_batch_bytes,
-            metrics=metrics,
-        )
-        forwarder: BatchForwarder = Forwarder(
-            store,
-            upstream,
-            metrics,
-            deadline_s=config.forward_deadline_s,
-            retry_base_s=config.retry_base_s,
-            retry_max_s=config.retry_max_s,
-            raw_ingest=raw_ingest_callable(channel),
-            window=config.forward_window,
-        )
-        if config.forward_nats is not None:
-            nats_client, forwarder = await _nats_forwarder(config, store, metrics)
-        pipeline = Pipeline(store, batcher, forwarder, metrics, config.batch_interval_s)
-        handlers = ShufflerHandlers(
-            store,
-            directory,
-            batcher,
-            pipeline,
-            metrics,
-            max_reports_per_request=config.max_reports_per_request,
-            quota=SourceQuota(config.quota_per_source, config.quota_window_s),
-        )
-        deniable_pb2_grpc.add_ShufflerServicer_to_server(ShufflerServicer(handlers, metrics), server)
-        health_servicer = await service.add_health(
-            server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        checks: dict[str, Check] = {
-            "spool": spool_check(config.data_dir, handlers, store),
-            "upstream": UpstreamCheck(
-                channel, config.upstream, config.upstream_grace_s, config.upstream_deadline_s
-            ),
-        }
-        monitor = HealthMonitor(
-            health_servicer,
-            [SERVICE_NAME],
-            checks,
-            metrics.registry,
-            "deniable_shuffler",
-            config.health_interval_s,
-        )
-        port = service.bind(server, config.listen, device_credentials)
-        operator_port = None
-        if config.operator_listen is not None and operator_credentials is not None:
-            operator_port = service.bind(server, config.operator_listen, operator_credentials)
-        metrics_port = (
-            metrics.serve_http(config.metrics_port, service.host_of(config.listen).strip("[]"))
-            if config.metrics_port is not None
-            else None
-        )  # on the device listener's host, so a scraper on the pod network reaches it
-        await monitor.check_now()  # the first answer is already the truth
-        await server.start()
-        monitor.start()
-    except BaseException:
-        if monitor is not None:
-            await monitor.stop()
-        await server.stop(None)
-        await channel.close()
-        if nats_client is not None:
-            await nats_client.close()
-        metrics.stop_http()
-        await asyncio.to_thread(store.close)
-        lock.release()
-        leftovers.remove()
-        raise
-    pipeline.start()
-    ingress = None
-    if config.mqtt is not None:
-        ingress = MqttIngress(handlers, metrics, config.mqtt)
-        ingress.start()  # connects (and reconnects) in the background; a broker down is not fatal
-    address = _connect_address(config.listen, port)
-    operator_address = (
-        None if operator_port is None else _connect_address(config.operator_listen or "", operator_port)
+
+
+async def _wire_service(config: ShufflerConfig, parts: _Parts) -> _Serving:
+    """Directory, batcher, forwarder, pipeline and handlers on the spool; the servicer and health."""
+    upstream = deniable_pb2_grpc.AggregatorStub(parts.channel)
+    directory = CampaignDirectory(
+        parts.store,
+        upstream,
+        deadline_s=config.upstream_deadline_s,
+        refresh_interval_s=config.campaign_refresh_s,
+        ttl_s=config.campaign_ttl_s,
     )
+    batcher = Batcher(
+        parts.store,
+        directory,
+        max_batch_reports=config.max_batch_reports,
+        max_batch_bytes=config.max_batch_bytes,
+        metrics=parts.metrics,
+    )
+    forwarder = await _forwarder(config, parts, upstream)
+    pipeline = Pipeline(parts.store, batcher, forwarder, parts.metrics, config.batch_interval_s)
+    handlers = ShufflerHandlers(
+        parts.store,
+        directory,
+        batcher,
+        pipeline,
+        parts.metrics,
+        max_reports_per_request=config.max_reports_per_request,
+        quota=SourceQuota(config.quota_per_source, config.quota_window_s),
+    )
+    deniable_pb2_grpc.add_ShufflerServicer_to_server(ShufflerServicer(handlers, parts.metrics), parts.server)
+    health, monitor = await _health(config, parts, handlers)
+    return _Serving(handlers, pipeline, directory, health, monitor)
+
+
+async def _forwarder(config: ShufflerConfig, parts: _Parts, upstream: AggregatorAsyncStub) -> BatchForwarder:
+    """gRPC IngestBatch to the aggregator, or a JetStream publisher when ``forward_nats`` is set."""
+    if config.forward_nats is not None:
+        parts.nats_client, nats = await _nats_forwarder(config, parts.store, parts.metrics)
+        return nats
+    return Forwarder(
+        parts.store,
+        upstream,
+        parts.metrics,
+        deadline_s=config.forward_deadline_s,
+        retry_base_s=config.retry_base_s,
+        retry_max_s=config.retry_max_s,
+        raw_ingest=raw_ingest_callable(parts.channel),
+        window=config.forward_window,
+    )
+
+
+async def _health(
+    config: ShufflerConfig, parts: _Parts, handlers: ShufflerHandlers
+) -> tuple[health_aio.HealthServicer, HealthMonitor]:
+    """The health service (NOT_SERVING until checked) and the monitor of spool and upstream."""
+    health_servicer = await service.add_health(
+        parts.server, SERVICE_NAME, status=health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    checks: dict[str, Check] = {
+        "spool": spool_check(config.data_dir, handlers, parts.store),
+        "upstream": UpstreamCheck(
+            parts.channel, config.upstream, config.upstream_grace_s, config.upstream_deadline_s
+        ),
+    }
+    parts.monitor = HealthMonitor(
+        health_servicer,
+        [SERVICE_NAME],
+        checks,
+        parts.metrics.registry,
+        "deniable_shuffler",
+        config.health_interval_s,
+    )
+    return health_servicer, parts.monitor
+
+
+def _serve_metrics(config: ShufflerConfig, metrics: ShufflerMetrics) -> int | None:
+    """The Prometheus port, on the device listener's host so a scraper on the pod network reaches it."""
+    if config.metrics_port is None:
+        return None
+    return metrics.serve_http(config.metrics_port, service.host_of(config.listen).strip("[]"))
+
+
+def _start_mqtt(
+    config: ShufflerConfig, handlers: ShufflerHandlers, metrics: ShufflerMetrics
+) -> MqttIngress | None:
+    """The MQTT ingress, connecting (and reconnecting) in the background: a broker down is not fatal."""
+    if config.mqtt is None:
+        return None
+    ingress = MqttIngress(handlers, metrics, config.mqtt)
+    ingress.start()
+    return ingress
+
+
+def _log_listening(config: ShufflerConfig, address: str, operator_address: str | None) -> None:
+    """The start-up log line: where, with what transport security, from which configuration."""
     if config.insecure:
         warn_open("the shuffler")
     tls = "TLS, operators mutual TLS" if config.tls else "plaintext (insecure)"
@@ -346,25 +461,6 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
             "upstream": config.upstream,
             "tls": "on" if config.tls else "none",
         },
-    )
-    return RunningShuffler(
-        port=port,
-        address=address,
-        handlers=handlers,
-        metrics=metrics,
-        metrics_port=metrics_port,
-        _server=server,
-        _health=health_servicer,
-        monitor=monitor,
-        _lock=lock,
-        _pipeline=pipeline,
-        _directory=directory,
-        _channel=channel,
-        _store=store,
-        mqtt=ingress,
-        _nats=nats_client,
-        operator_port=operator_port,
-        operator_address=operator_address,
     )
 
 

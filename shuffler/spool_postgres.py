@@ -1,6 +1,6 @@
 """The shuffler's spool on PostgreSQL: the ``SegmentSpool`` layout, shared by several shufflers.
 
-Same contract as the SQLite spools (tests/shuffler/test_spool_contract.py runs on all three).
+Same contract as the SQLite ``SegmentSpool`` (tests/shuffler/test_spool_contract.py runs on both).
 Several shufflers may share one database: forming batches of a campaign takes a transaction-scoped
 advisory lock on that campaign, moves exactly the segments it read (by sequence number, never by
 range: a segment whose number is lower may commit later) and takes all its batch sizes or none,
@@ -14,29 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
 import asyncpg
 
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.dsn import describe_dsn, is_postgres_dsn, one_line
-from deniable.shuffler.segments import (
-    ColumnReports,
-    Columns,
-    FormedBatch,
-    batch_wire,
-    parse_batch_wire,
-    release_slices,
-)
+from deniable.shuffler.columns import Columns, batch_wire, release_slices
 from deniable.shuffler.spool import (
-    BatchRecord,
     CampaignSpoolStats,
-    Envelope,
-    Permutation,
+    FormedBatch,
     SpoolUnavailable,
     new_batch_id,
 )
+from deniable.shuffler.spool_common import FormRequest, SegmentStoreBase
 from deniable.v1 import deniable_pb2 as pb
 
 T = TypeVar("T")
@@ -81,11 +73,10 @@ SELECT seq, report_count FROM (
 _CONNECT_ERRORS: Final = (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
-class PostgresSpool:
+class PostgresSpool(SegmentStoreBase):
     """SpoolStore on PostgreSQL (asyncpg pool), reports in segments; thread safe, multi-shuffler.
 
-    Offers the ``SegmentSpool`` fast paths too (``form_batch_sizes``, ``load_wire``). ``scrub`` is
-    a no-op here: dead tuples and WAL keep pre-permutation rows until vacuum and WAL recycling
+    ``scrub`` is a no-op here: dead tuples and WAL keep pre-permutation rows until vacuum and WAL recycling
     (docs/scaling.md says what that means for operators).
     """
 
@@ -135,19 +126,8 @@ class PostgresSpool:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def append(self, reports: Sequence[Envelope]) -> None:
-        """Insert every report durably in one transaction: one segment per campaign, order kept."""
-        if not reports:
-            return
-        if isinstance(reports, ColumnReports):
-            segments = list(reports.columns)
-        else:
-            by_campaign: dict[str, tuple[list[int], list[bytes]]] = {}
-            for report in reports:
-                keys, ciphertexts = by_campaign.setdefault(report.campaign_id, ([], []))
-                keys.append(int(report.key_id))
-                ciphertexts.append(bytes(report.ciphertext))
-            segments = [(c, Columns.of(k, t)) for c, (k, t) in by_campaign.items()]
+    def _append_segments(self, segments: list[tuple[str, Columns]]) -> None:
+        """Insert the segments durably in one transaction (no lock: appends never conflict)."""
         rows = [(c, cols.count, *(bytes(b) for b in cols.blobs())) for c, cols in segments]
         self._run(self._append(rows))
 
@@ -185,15 +165,11 @@ class PostgresSpool:
 
     # -- batches -----------------------------------------------------------------------------
 
-    async def _form(
-        self,
-        campaign_id: str,
-        sizes: list[int] | None,
-        limit: int,
-        at_least: int,
-        permutation: Permutation,
-        whole: bool = False,
-    ) -> list[FormedBatch]:
+    def _form(self, ask: FormRequest) -> list[FormedBatch]:
+        """``_form_locked`` on the private loop."""
+        return self._run(self._form_locked(ask))
+
+    async def _form_locked(self, ask: FormRequest) -> list[FormedBatch]:
         """Under the campaign's advisory lock: take up to ``limit`` oldest reports, permute, store.
 
         ``whole``: the release must end on a request (segment) boundary;
@@ -201,12 +177,16 @@ class PostgresSpool:
         were planned), nothing is formed.
         """
         async with self._pool.acquire() as db, db.transaction():
-            await db.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", LOCK_NAMESPACE, campaign_id)
-            heads = await db.fetch(_OLDEST_SEGMENTS, campaign_id, limit)
+            await db.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))", LOCK_NAMESPACE, ask.campaign_id
+            )
+            heads = await db.fetch(_OLDEST_SEGMENTS, ask.campaign_id, ask.limit)
             total = sum(int(h[1]) for h in heads)
-            if not heads or total < at_least:
+            if not heads or total < ask.at_least:
                 return []
-            if whole and not _on_boundaries([int(h[1]) for h in heads], [sum(sizes)] if sizes else [total]):
+            if ask.whole and not _on_boundaries(
+                [int(h[1]) for h in heads], [sum(ask.sizes)] if ask.sizes else [total]
+            ):
                 return []
             seqs = [int(h[0]) for h in heads]
             rows = await db.fetch(
@@ -215,7 +195,7 @@ class PostgresSpool:
                 seqs,
             )
             taken = Columns.concat([Columns.load(bytes(r[0]), bytes(r[1]), bytes(r[2])) for r in rows])
-            take = min(limit, total)
+            take = min(ask.limit, total)
             if total > take:  # the newest segment stays partly pending
                 taken, rest = taken.split(take)
                 await db.execute(
@@ -227,44 +207,18 @@ class PostgresSpool:
                 )
             formed: list[FormedBatch] = []
             # ONE permutation of the whole release, cut into chunks (ADR 0023).
-            for own, chunk in release_slices(take, sizes or [take], permutation):
+            for own, chunk in release_slices(take, ask.sizes or [take], ask.permutation):
                 batch_id = new_batch_id()
-                wire, digest = batch_wire(batch_id, campaign_id, taken, own, release=chunk)
-                formed.append(FormedBatch(batch_id, campaign_id, int(own.size), digest, wire))
+                wire, digest = batch_wire(batch_id, ask.campaign_id, taken, own, release=chunk)
+                formed.append(FormedBatch(batch_id, ask.campaign_id, int(own.size), digest, wire))
             await db.executemany(
                 "INSERT INTO shuffler_batches (batch_id, campaign_id, report_count, digest, wire)"
                 " VALUES ($1, $2, $3, $4, $5)",
-                [(b.batch_id, campaign_id, b.report_count, b.digest, bytes(b.wire)) for b in formed],
+                [(b.batch_id, ask.campaign_id, b.report_count, b.digest, bytes(b.wire)) for b in formed],
             )
             if seqs:
                 await db.execute("DELETE FROM shuffler_pending WHERE seq = ANY($1::bigint[])", seqs)
             return formed
-
-    def form_batch(
-        self, campaign_id: str, max_reports: int, permutation: Permutation, min_reports: int = 1
-    ) -> BatchRecord | None:
-        """Move the oldest ``max_reports`` pending reports into a permuted batch in one transaction."""
-        if max_reports < 1:
-            raise ValueError("max_reports must be at least 1")
-        formed = self._run(self._form(campaign_id, None, max_reports, max(1, min_reports), permutation))
-        return parse_batch_wire(formed[0].wire) if formed else None
-
-    def form_batches(
-        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation
-    ) -> list[BatchRecord]:
-        """Several batches from one permutation of the oldest sum(sizes) pending reports."""
-        return [parse_batch_wire(b.wire) for b in self.form_batch_sizes(campaign_id, sizes, permutation)]
-
-    def form_batch_sizes(
-        self, campaign_id: str, sizes: Sequence[int], permutation: Permutation, whole: bool = False
-    ) -> list[FormedBatch]:
-        """``form_batches`` without building an envelope per report; [] unless every size is filled.
-
-        ``whole``: requests kept whole (see ``_form``)."""
-        if not sizes or min(sizes) < 1:
-            raise ValueError("batch sizes must be at least 1")
-        total = sum(sizes)
-        return self._run(self._form(campaign_id, list(sizes), total, total, permutation, whole))
 
     def pending_segment_counts(self, campaign_id: str) -> list[int]:
         """Reports per pending segment (one per request), oldest first."""
@@ -293,16 +247,6 @@ class PostgresSpool:
             )
         )
         return None if row is None else (bytes(row[0]), int(row[1]))
-
-    def load_batch(self, batch_id: str) -> BatchRecord | None:
-        """One unacknowledged batch with its reports in the stored (permuted) order."""
-        wire = self.load_wire(batch_id)
-        return None if wire is None else parse_batch_wire(wire[0])
-
-    def unacknowledged_batches(self, campaign_id: str | None = None) -> list[BatchRecord]:
-        """Every unacknowledged batch, oldest first."""
-        batches = (self.load_batch(batch_id) for batch_id in self.batch_ids(campaign_id))
-        return [b for b in batches if b is not None]
 
     def delete_batch(self, batch_id: str) -> bool:
         """Forget an acknowledged batch; False if it was not there (or another shuffler did)."""

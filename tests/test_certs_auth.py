@@ -30,7 +30,9 @@ def test_dev_certs_name_their_role_and_hosts_and_keep_keys_private(tmp_path: Pat
         assert role_of(cert) == role
         assert cert.issuer == ca.subject
         ca.public_key().verify(  # type: ignore[call-arg, union-attr]
-            cert.signature, cert.tbs_certificate_bytes, cert.signature_algorithm_parameters
+            cert.signature,
+            cert.tbs_certificate_bytes,
+            cert.signature_algorithm_parameters,  # type: ignore[arg-type]
         )
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert {"localhost", "shuffler.internal"} <= set(san.get_values_for_type(x509.DNSName))

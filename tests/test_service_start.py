@@ -208,7 +208,9 @@ async def test_malformed_protobuf_on_every_method_is_invalid_argument(tmp_path: 
         for address, service in ((aggregator.address, "Aggregator"), (shuffler.address, "Shuffler")):
             async with insecure_channel(address) as channel:
                 for method in [*_methods(service), "/grpc.health.v1.Health/Check"]:
-                    call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+                    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+                        method, request_serializer=None, response_deserializer=None
+                    )
                     for garbage in GARBAGE:
                         with pytest.raises(grpc.aio.AioRpcError) as err:
                             await call(garbage, timeout=10)

@@ -6,12 +6,11 @@ without clashing metric names. Labels carry reasons, RPC names and codes, never 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 from wsgiref.simple_server import WSGIServer
 
@@ -30,6 +29,8 @@ from prometheus_client.gc_collector import GCCollector
 
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.build import version
+from deniable.core.plumbing.calls import code_name, stream_items
+from deniable.core.plumbing.tracing import internal_span
 
 LATENCY_BUCKETS: Final = (
     0.0005,
@@ -131,8 +132,6 @@ class ServiceMetrics:
         nothing when tracing is off."""
         if self.tracer_provider is None:
             return contextlib.nullcontext()
-        from deniable.core.plumbing.tracing import internal_span
-
         return internal_span(self.tracer_provider, name, root)
 
     def preinitialise(self, rpcs: Iterable[str]) -> None:
@@ -239,31 +238,3 @@ class RequestMetricsInterceptor(grpc.aio.ServerInterceptor):
                 self._finish(rpc, context, started, error)
 
         return timed
-
-
-async def stream_items(result: Any) -> AsyncIterator[Any]:
-    """The items of a streaming handler's result, whichever form it took (async generator,
-    coroutine writing through the context, or plain iterable): shared by the metrics and tracing
-    interceptors."""
-    if hasattr(result, "__aiter__"):
-        async for item in result:
-            yield item
-    elif hasattr(result, "__await__"):
-        await result
-    else:
-        for item in result:
-            yield item
-
-
-def code_name(context: Any, error: BaseException | None) -> str:
-    """The status the call ends with: what the handler set or aborted with, else OK / CANCELLED / UNKNOWN."""
-    code = context.code()
-    if isinstance(code, grpc.StatusCode):
-        return code.name
-    if isinstance(code, int) and code:
-        return next((c.name for c in grpc.StatusCode if c.value[0] == code), "UNKNOWN")
-    if error is None or isinstance(error, GeneratorExit):
-        return "OK"
-    if isinstance(error, asyncio.CancelledError):
-        return "CANCELLED"
-    return "UNKNOWN"

@@ -15,7 +15,7 @@ from typing import Any, Final
 import grpc
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.plumbing.metrics import code_name, stream_items
+from deniable.core.plumbing.calls import code_name, stream_items
 
 EXTRA_HINT: Final = "tracing needs the otel extra: pip install 'deniable[otel]'"
 

@@ -1,42 +1,23 @@
-"""The aggregator imports only core and the stubs; its handlers know nothing of gRPC."""
+"""The aggregator's layering: enforced by import-linter contracts (ADR 0028).
+
+``sides-independent`` and ``layers`` (the aggregator imports only core and the stubs, never the
+client, the shuffler, the CLI or sim) and ``handlers-without-grpc`` (handlers, store, decryption
+and keys know nothing of gRPC) in ``pyproject.toml``; randomness is checked in
+``tests/test_architecture.py``. This test runs those contracts alone so a failure names the aggregator.
+"""
 
 from __future__ import annotations
 
-import ast
+import subprocess
+import sys
 from pathlib import Path
 
-from support import astutil
-
-import deniable.aggregator
-
-PACKAGE = Path(deniable.aggregator.__file__).parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def imported_modules(path: Path) -> set[str]:
-    tree = astutil.parse(path.read_text(), str(path))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
-def test_aggregator_never_imports_client_or_shuffler() -> None:
-    for path in PACKAGE.glob("*.py"):
-        for name in imported_modules(path):
-            assert not name.startswith(("deniable.client", "deniable.shuffler", "deniable.cli")), (path, name)
-
-
-def test_handlers_store_and_decrypt_are_free_of_grpc() -> None:
-    for module in ("handlers.py", "store.py", "decrypt.py", "keys.py"):
-        names = imported_modules(PACKAGE / module)
-        assert not any(n == "grpc" or n.startswith("grpc.") for n in names), module
-
-
-def test_no_insecure_randomness_in_production_code() -> None:
-    for path in PACKAGE.glob("*.py"):
-        names = imported_modules(path)
-        assert "random" not in names and "numpy.random" not in names, path
-        assert "np.random" not in path.read_text(), path
+def test_aggregator_contracts_are_kept() -> None:
+    contracts = ["sides-independent", "layers", "handlers-without-grpc"]
+    args = [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", "--no-logo"]
+    args += [arg for contract in contracts for arg in ("--contract", contract)]
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,12 +1,13 @@
-"""Full-jitter exponential backoff from the CSPRNG, bounded by the cap."""
+"""The client retries with core.backoff: equal-jitter exponential backoff from the CSPRNG, capped."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from deniable.client.outbox import Outbox
-from deniable.client.reporter import Reporter, backoff_delay
+from deniable.client.reporter import Reporter
 from deniable.client.transport import InMemoryTransport
+from deniable.core.backoff import backoff_delay
 
 
 def test_delay_bounds() -> None:

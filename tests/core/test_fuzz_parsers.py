@@ -23,7 +23,7 @@ from deniable.core.crypto import KeyPair, seal_report
 from deniable.core.crypto.envelope import DecryptionError, open_report
 from deniable.core.errors import ConfigurationError
 from deniable.core.wire import MalformedPlaintext, Plaintext, decode, encode
-from deniable.shuffler.segments import Columns, CorruptSegment, parse_batch_wire
+from deniable.shuffler.columns import Columns, CorruptSegment, parse_batch_wire
 from deniable.v1 import deniable_pb2 as pb
 
 QUICK = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -28,8 +28,8 @@ HONEST = 30
 class Stack:
     aggregator: RunningAggregator
     shuffler: RunningShuffler
-    operator: pb_grpc.AggregatorStub
-    devices: pb_grpc.ShufflerStub
+    operator: pb_grpc.AggregatorAsyncStub
+    devices: pb_grpc.ShufflerAsyncStub
     campaign: pb.Campaign
 
 

@@ -49,8 +49,9 @@ class Stack:
         channel = self.channels[method.split("/")[1].split(".")[-1]]
 
         async def once() -> grpc.StatusCode:
+            raw: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
             try:
-                await channel.unary_unary(method)(body, timeout=10)
+                await raw(body, timeout=10)
             except grpc.aio.AioRpcError as exc:
                 return exc.code()
             return grpc.StatusCode.OK

@@ -8,7 +8,7 @@ answered, so the service is saturated for certain (no timing assumption).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def _gated(target: Any, name: str, gate: asyncio.Event, entered: list[int]) -> N
 
 
 async def _saturate(
-    calls: list[Awaitable[Any]], gate: asyncio.Event, entered: list[int]
+    calls: Sequence[Awaitable[Any]], gate: asyncio.Event, entered: list[int]
 ) -> list[grpc.StatusCode]:
     """Start every call; once LIMIT are inside and the rest answered, open the gate."""
     tasks = [asyncio.ensure_future(c) for c in calls]
@@ -86,7 +86,7 @@ async def test_aggregator_sheds_load_and_counts_only_admitted(tmp_path: Path) ->
             stub = pb_grpc.AggregatorStub(channel)
             request = pb.CreateCampaignRequest(id="shed", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=2)
             campaign = await stub.CreateCampaign(request, timeout=10)
-            gate, entered = asyncio.Event(), []
+            gate, entered = asyncio.Event(), list[int]()
             _gated(aggregator.handlers, "ingest_batch", gate, entered)
             batches = []
             for i in range(LIMIT + EXTRA):
@@ -125,7 +125,7 @@ async def test_shuffler_sheds_load_and_spools_only_admitted(tmp_path: Path) -> N
             )
             campaign = await pb_grpc.AggregatorStub(agg).CreateCampaign(request, timeout=10)
             stub = pb_grpc.ShufflerStub(shuf)
-            gate, entered = asyncio.Event(), []
+            gate, entered = asyncio.Event(), list[int]()
             _gated(shuffler.handlers, "_append", gate, entered)
             calls = [
                 stub.SubmitReports(pb.SubmitReportsRequest(reports=[_report(campaign)]), timeout=20)

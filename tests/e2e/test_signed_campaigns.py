@@ -43,7 +43,7 @@ Tamper = Callable[[pb.Campaign], None]
 class Stack:
     aggregator: RunningAggregator
     shuffler: RunningShuffler
-    operator: pb_grpc.AggregatorStub
+    operator: pb_grpc.AggregatorAsyncStub
     pinned: bytes  # the signing public key an app would ship
 
     async def create(self, campaign_id: str, kem: str = "", n_min: int = 5) -> pb.Campaign:
@@ -98,7 +98,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 class TamperingProxy(pb_grpc.ShufflerServicer):
     """A malicious shuffler in front of the real one: relays everything, rewrites GetCampaign."""
 
-    def __init__(self, upstream: pb_grpc.ShufflerStub, tamper: Tamper) -> None:
+    def __init__(self, upstream: pb_grpc.ShufflerAsyncStub, tamper: Tamper) -> None:
         self.upstream = upstream
         self.tamper = tamper
 
@@ -153,7 +153,8 @@ async def test_a_shuffler_rewriting_the_description_is_refused(
     campaign = await stack.create("lang")
     upstream = insecure_channel(stack.shuffler.address)
     server = grpc.aio.server()
-    pb_grpc.add_ShufflerServicer_to_server(TamperingProxy(pb_grpc.ShufflerStub(upstream), tamper), server)
+    proxy = TamperingProxy(pb_grpc.ShufflerStub(upstream), tamper)  # type: ignore[abstract]  # device methods only
+    pb_grpc.add_ShufflerServicer_to_server(proxy, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     transport = GrpcTransport(f"127.0.0.1:{port}", timeout_s=10, insecure=True)

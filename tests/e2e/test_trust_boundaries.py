@@ -47,14 +47,14 @@ class Stack:
     def aggregator_as(self, role: str | None, certs: DevCerts | None = None) -> pb_grpc.AggregatorAsyncStub:
         channel = open_channel(self.aggregator.address, self.tls(role, certs))
         self.channels.append(channel)
-        return pb_grpc.AggregatorStub(channel)  # type: ignore[return-value]
+        return pb_grpc.AggregatorStub(channel)
 
     def shuffler_as(self, role: str | None, operator_port: bool = False) -> pb_grpc.ShufflerAsyncStub:
         address = self.shuffler.operator_address if operator_port else self.shuffler.address
         assert address is not None
         channel = open_channel(address, self.tls(role))
         self.channels.append(channel)
-        return pb_grpc.ShufflerStub(channel)  # type: ignore[return-value]
+        return pb_grpc.ShufflerStub(channel)
 
     def refusals(self, service: str, rpc: str, reason: str) -> float:
         metrics = self.aggregator.metrics if service == "aggregator" else self.shuffler.metrics

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import grpc
@@ -76,7 +76,9 @@ async def test_every_call_is_counted_with_its_code_and_timed(
         await stub.ListCampaigns(pb.ListCampaignsRequest(), timeout=10)
         with pytest.raises(grpc.aio.AioRpcError):
             await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="nope"), timeout=10)
-        raw = channel.unary_unary("/deniable.v1.Aggregator/ListKeys")
+        raw: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/deniable.v1.Aggregator/ListKeys"
+        )
         with pytest.raises(grpc.aio.AioRpcError):
             await raw(b"\xff\xff\xff", timeout=10)
     device = ClientTls(ca=dev_certs.ca, cert=dev_certs.cert("device"), key=dev_certs.key("device"))
@@ -102,7 +104,7 @@ async def test_every_call_is_counted_with_its_code_and_timed(
     )
 
 
-def _queried_metrics(dashboard: dict[str, object]) -> set[str]:
+def _queried_metrics(dashboard: Mapping[str, object]) -> set[str]:
     """Every metric name a panel's PromQL expression refers to."""
     exprs = re.findall(r'"expr": "((?:[^"\\]|\\.)*)"', json.dumps(dashboard))
     names: set[str] = set()

@@ -15,8 +15,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from deniable.core.plumbing import service
-from deniable.core.rng import Csprng
-from deniable.shuffler.forwarder import Backoff
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
 
@@ -160,22 +158,6 @@ async def test_stop_lets_an_in_flight_request_finish(
     await kit.eventually(lambda: upstream.fake.get_campaign_calls == ["c1"])
     await shuffler.stop(grace=5.0)
     assert (await call).accepted == 2
-
-
-def test_backoff_grows_with_jitter_and_resets() -> None:
-    now = [100.0]
-    backoff = Backoff(0.5, 4.0, clock=lambda: now[0], rng=Csprng(bytes(32)))
-    assert backoff.ready()
-    caps = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    delays = [backoff.failed() for _ in caps]
-    for delay, cap in zip(delays, caps, strict=True):
-        assert cap / 2 <= delay < cap
-    assert not backoff.ready()
-    now[0] += 4.0
-    assert backoff.ready()
-    backoff.succeeded()
-    assert backoff.failures == 0 and backoff.ready()
-    assert 0.25 <= backoff.failed() < 0.5
 
 
 _CHILD = textwrap.dedent(

@@ -10,7 +10,8 @@ from scipy import stats
 
 from deniable.core.rng import default_rng
 from deniable.shuffler.batcher import Batcher
-from deniable.shuffler.spool import Envelope, SqliteSpool
+from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.spool import Envelope
 
 FALSE_FAILURE_RATE = 1e-6
 FORMATIONS = 2400  # 100 expected per order
@@ -21,7 +22,7 @@ def test_batch_orders_are_uniform_over_all_24_permutations(tmp_path: Path) -> No
 
     A shuffle that never moved anything, or favoured half the orders 2:1, fails with probability ≈ 1.
     """
-    store = SqliteSpool(tmp_path / "spool.sqlite3")
+    store = SegmentSpool(tmp_path / "spool.sqlite3")
     ciphertexts = [b"report-%d" % i for i in range(4)]
     store.append([Envelope(f"c{j}", 1, c) for j in range(FORMATIONS) for c in ciphertexts])
     orders: Counter[tuple[int, ...]] = Counter()
@@ -37,7 +38,7 @@ def test_batch_orders_are_uniform_over_all_24_permutations(tmp_path: Path) -> No
 
 
 def test_the_batcher_shuffles_with_the_process_csprng(tmp_path: Path) -> None:
-    store = SqliteSpool(tmp_path / "spool.sqlite3")
+    store = SegmentSpool(tmp_path / "spool.sqlite3")
     try:
         batcher = Batcher(store, directory=None)  # type: ignore[arg-type]
         assert batcher._permutation == default_rng().permutation

@@ -15,7 +15,8 @@ from pathlib import Path
 from scipy import stats
 
 from deniable.core.rng import default_rng
-from deniable.shuffler.segments import ColumnReports, SegmentSpool
+from deniable.shuffler.columns import ColumnReports
+from deniable.shuffler.segments import SegmentSpool
 from deniable.v1 import deniable_pb2 as pb
 
 REQUESTS, PER_REQUEST, CHUNKS = 40, 25, 4

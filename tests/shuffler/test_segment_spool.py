@@ -1,90 +1,29 @@
-"""``SegmentSpool`` (the shuffler's default spool): the whole SpoolStore contract suite, plus its own
-fast paths, on-disk forgetting, migration from the per-report layout, and the wire bytes it builds.
-
-The contract tests are those of ``test_spool_contract.py``, loaded from that file and run here
-against ``SegmentSpool`` (this module's ``open_spool`` fixture replaces the original's).
-"""
+"""``SegmentSpool`` (the shuffler's SQLite spool) beyond the contract suite of test_spool_contract.py:
+segment splitting, on-disk forgetting, migration from the per-report layout, the wire bytes it builds."""
 
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import sqlite3
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from scipy import stats
 
 from deniable.core.batches import batch_digest
 from deniable.core.rng import default_rng
+from deniable.shuffler.columns import Columns, checked_order, shuffled_batch_wire
 from deniable.shuffler.forwarder import shuffled_batch
-from deniable.shuffler.segments import (
-    ColumnReports,
-    Columns,
-    SegmentSpool,
-    checked_order,
-    shuffled_batch_wire,
-)
-from deniable.shuffler.spool import Envelope, SpoolStore, SqliteSpool
+from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.spool import BatchRecord, Envelope, new_batch_id
 from deniable.v1 import deniable_pb2 as pb
 
 _spec = importlib.util.spec_from_file_location(
-    "_spool_contract_for_segments", Path(__file__).with_name("test_spool_contract.py")
+    "_spool_contract_helpers", Path(__file__).with_name("test_spool_contract.py")
 )
 assert _spec is not None and _spec.loader is not None
 _contract = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_contract)
-
-# Every contract test (and the ``spool`` fixture), collected again in this module.
-for _name in dir(_contract):
-    if (_name.startswith("test_") and "sqlite" not in _name) or _name == "spool":
-        globals()[_name] = getattr(_contract, _name)
-
-envelopes = _contract.envelopes
-
-
-@pytest.fixture
-def open_spool(tmp_path: Path) -> Iterator[Any]:
-    opened: list[SpoolStore] = []
-
-    def opener() -> SpoolStore:
-        store = SegmentSpool(tmp_path / "spool.sqlite3")
-        opened.append(store)
-        return store
-
-    yield opener
-    for store in opened:
-        store.close()
-
-
-def test_the_contract_suite_was_loaded() -> None:
-    loaded = [name for name in globals() if name.startswith("test_") and hasattr(_contract, name)]
-    assert len(loaded) >= 12
-
-
-def test_column_reports_append_like_envelopes(tmp_path: Path) -> None:
-    store = SegmentSpool(tmp_path / "s.sqlite3")
-    try:
-        reports = ColumnReports([("a", [1, 1], [b"x1", b"x2"]), ("b", [2], [b"y1"]), ("c", [], [])])
-        assert len(reports) == 3 and list(reports) == [
-            Envelope("a", 1, b"x1"),
-            Envelope("a", 1, b"x2"),
-            Envelope("b", 2, b"y1"),
-        ]
-        assert reports[2] == Envelope("b", 2, b"y1")
-        store.append(reports)
-        assert store.pending_count("a") == 2 and store.pending_count("b") == 1
-        formed = store.form_batch_sizes("a", [2], lambda n: [1, 0])
-        assert [b.report_count for b in formed] == [2]
-        record = store.load_batch(formed[0].batch_id)
-        assert record is not None and [r.ciphertext for r in record.reports] == [b"x2", b"x1"]
-        wire = store.load_wire(formed[0].batch_id)
-        assert wire is not None and wire[1] == 2
-    finally:
-        store.close()
+envelopes = _contract.envelopes  # the contract suite's reports, so both files speak of the same ones
 
 
 def test_a_segment_split_by_a_batch_keeps_its_tail_pending_in_order(tmp_path: Path) -> None:
@@ -111,8 +50,6 @@ def test_digest_and_wire_bytes_match_the_reference_encoders() -> None:
         columns = Columns.of(key_ids, ciphertexts)
         assert columns.digest() == batch_digest(ciphertexts)
         record_reports = tuple(Envelope("camp", k, c) for k, c in zip(key_ids, ciphertexts, strict=True))
-        from deniable.shuffler.spool import BatchRecord
-
         record = BatchRecord("batch-1", "camp", record_reports, columns.digest())
         wire = shuffled_batch_wire("batch-1", "camp", columns.digest(), columns)
         assert pb.ShuffledBatch.FromString(wire) == shuffled_batch(record)
@@ -126,31 +63,16 @@ def test_checked_order_refuses_what_is_not_a_permutation() -> None:
             checked_order(bad, 3)
 
 
-def test_batch_orders_are_uniform_over_all_24_permutations(tmp_path: Path) -> None:
-    """As test_permutation.py, on this store; fails by chance with probability 1e-6."""
-    store = SegmentSpool(tmp_path / "spool.sqlite3")
-    ciphertexts = [b"report-%d" % i for i in range(4)]
-    formations = 2400
-    store.append([Envelope(f"c{j}", 1, c) for j in range(formations) for c in ciphertexts])
-    orders: Counter[tuple[int, ...]] = Counter()
-    for j in range(formations):
-        record = store.form_batch(f"c{j}", 4, default_rng().permutation)
-        assert record is not None
-        orders[tuple(ciphertexts.index(r.ciphertext) for r in record.reports)] += 1
-    store.close()
-    observed = [orders[p] for p in itertools.permutations(range(4))]
-    assert sum(observed) == formations
-    assert stats.chisquare(observed).pvalue > 1e-6, observed
-
-
 def test_segment_tables_hold_nothing_about_the_sender(tmp_path: Path) -> None:
-    SegmentSpool(tmp_path / "s.sqlite3").close()
+    store = SegmentSpool(tmp_path / "s.sqlite3")
+    store.close()
     db = sqlite3.connect(tmp_path / "s.sqlite3")
     columns = {
         table: [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
         for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
     db.close()
+    # Ported from the removed per-report spool (tables pending, batch_reports) to the segment spool.
     assert columns["pending_segments"] == [
         "seq",
         "campaign_id",
@@ -159,8 +81,23 @@ def test_segment_tables_hold_nothing_about_the_sender(tmp_path: Path) -> None:
         "lengths",
         "ciphertexts",
     ]
+    assert columns["batch_segments"] == ["seq", "batch_id", "campaign_id", "report_count", "digest", "wire"]
     every_column = {c for cols in columns.values() for c in cols}
     assert not every_column & {"peer", "address", "ip", "received_at", "ts", "timestamp", "created_at"}
+
+
+def test_forgets_a_whole_acknowledged_batch_on_disk(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    store = SegmentSpool(path)
+    marker = b"UNIQUE-MARKER-" + default_rng().bytes(16).hex().encode()
+    store.append([Envelope("a", 1, marker + b"-%d" % i) for i in range(50)])
+    record = store.form_batch("a", 100, default_rng().permutation)
+    assert record is not None
+    store.delete_batch(record.batch_id)
+    store.scrub()
+    store.close()
+    for file in tmp_path.iterdir():
+        assert marker not in file.read_bytes(), file.name
 
 
 def test_forgets_acknowledged_ciphertexts_on_disk(tmp_path: Path) -> None:
@@ -181,15 +118,51 @@ def test_forgets_acknowledged_ciphertexts_on_disk(tmp_path: Path) -> None:
         assert marker not in file.read_bytes(), file.name
 
 
+_PER_REPORT_SCHEMA = """
+CREATE TABLE pending (seq INTEGER PRIMARY KEY, campaign_id TEXT NOT NULL, key_id INTEGER NOT NULL,
+    ciphertext BLOB NOT NULL);
+CREATE TABLE batches (batch_id TEXT PRIMARY KEY, campaign_id TEXT NOT NULL,
+    report_count INTEGER NOT NULL, digest BLOB NOT NULL);
+CREATE TABLE batch_reports (batch_id TEXT NOT NULL, position INTEGER NOT NULL, key_id INTEGER NOT NULL,
+    ciphertext BLOB NOT NULL, PRIMARY KEY (batch_id, position)) WITHOUT ROWID;
+CREATE TABLE campaigns (campaign_id TEXT PRIMARY KEY, campaign BLOB NOT NULL) WITHOUT ROWID;
+"""
+"""The tables of the per-report spool (``SqliteSpool``, removed by ADR 0026), as files still hold them."""
+
+
+def write_per_report_spool(
+    path: Path, reports: list[Envelope], batch_of: str, batch_size: int, campaign: pb.Campaign
+) -> BatchRecord:
+    """An old per-report spool file: ``reports`` pending, the oldest ``batch_size`` of ``batch_of``
+    moved into one permuted batch (as SqliteSpool.form_batch did), ``campaign`` cached."""
+    taken = [r for r in reports if r.campaign_id == batch_of][:batch_size]
+    order = [int(i) for i in default_rng().permutation(len(taken))]
+    shuffled = tuple(taken[i] for i in order)
+    batch = BatchRecord(new_batch_id(), batch_of, shuffled, batch_digest(r.ciphertext for r in shuffled))
+    db = sqlite3.connect(path)
+    with db:
+        db.executescript(_PER_REPORT_SCHEMA)
+        db.executemany(
+            "INSERT INTO pending (campaign_id, key_id, ciphertext) VALUES (?, ?, ?)",
+            [(r.campaign_id, r.key_id, r.ciphertext) for r in reports if r not in taken],
+        )
+        db.execute(
+            "INSERT INTO batches VALUES (?, ?, ?, ?)", (batch.batch_id, batch_of, len(shuffled), batch.digest)
+        )
+        db.executemany(
+            "INSERT INTO batch_reports VALUES (?, ?, ?, ?)",
+            [(batch.batch_id, pos, r.key_id, r.ciphertext) for pos, r in enumerate(shuffled)],
+        )
+        db.execute("INSERT INTO campaigns VALUES (?, ?)", (campaign.id, campaign.SerializeToString()))
+    db.close()
+    return batch
+
+
 def test_a_per_report_spool_is_migrated_on_open(tmp_path: Path) -> None:
+    """No report is lost: pending rows, an unacknowledged batch and the campaign cache all survive."""
     path = tmp_path / "spool.sqlite3"
-    old = SqliteSpool(path)
     reports = envelopes("a", 5) + envelopes("b", 2)
-    old.append(reports)
-    batch = old.form_batch("a", 3, default_rng().permutation)
-    assert batch is not None
-    old.cache_campaign(pb.Campaign(id="a", n_min=3))
-    old.close()
+    batch = write_per_report_spool(path, reports, "a", 3, pb.Campaign(id="a", n_min=3))
     store = SegmentSpool(path)
     try:
         assert store.pending_count("a") == 2 and store.pending_count("b") == 2

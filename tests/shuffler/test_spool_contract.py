@@ -1,11 +1,10 @@
-"""Contract suite of SpoolStore, run on every implementation: SQLite rows here, SQLite segments in
-test_segment_spool.py, PostgreSQL (a real server from tests/support/postgres_server.py) here."""
+"""Contract suite of SpoolStore, run on both implementations: ``SegmentSpool`` (SQLite) and
+``PostgresSpool`` (a real server from tests/support/postgres_server.py), fast paths included."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,14 +14,19 @@ import pytest
 
 from deniable.core.batches import batch_digest
 from deniable.core.rng import default_rng
-from deniable.shuffler.spool import Envelope, SpoolStore, SqliteSpool
+from deniable.shuffler.columns import ColumnReports
+from deniable.shuffler.segments import SegmentSpool
+from deniable.shuffler.spool import Envelope, SpoolStore
 from deniable.shuffler.spool_postgres import PostgresSpool
 from deniable.v1 import deniable_pb2 as pb
 
 Opener = Callable[[], SpoolStore]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+IMPLEMENTATIONS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
 def open_spool(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     """Opens the implementation under test; every call reopens the same underlying storage."""
     opened: list[SpoolStore] = []
@@ -30,7 +34,7 @@ def open_spool(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opene
 
     def opener() -> SpoolStore:
         if request.param == "sqlite":
-            store: SpoolStore = SqliteSpool(tmp_path / "spool.sqlite3")
+            store: SpoolStore = SegmentSpool(tmp_path / "spool.sqlite3")
         elif request.param == "postgresql":
             store = PostgresSpool(dsn)
         else:  # pragma: no cover - a name in the fixture params with no opener here
@@ -239,33 +243,38 @@ def test_scrub_is_harmless(spool: SpoolStore) -> None:
     assert spool.pending_count("a") == 2
 
 
-# SQLite-specific: what is on disk.
+def test_column_reports_append_like_envelopes(spool: SpoolStore) -> None:
+    reports = ColumnReports([("a", [1, 1], [b"x1", b"x2"]), ("b", [2], [b"y1"]), ("c", [], [])])
+    assert len(reports) == 3 and list(reports) == [
+        Envelope("a", 1, b"x1"),
+        Envelope("a", 1, b"x2"),
+        Envelope("b", 2, b"y1"),
+    ]
+    assert reports[2] == Envelope("b", 2, b"y1")
+    spool.append(reports)
+    assert spool.pending_count("a") == 2 and spool.pending_count("b") == 1
+    formed = spool.form_batch_sizes("a", [2], lambda n: [1, 0])
+    assert [b.report_count for b in formed] == [2]
+    record = spool.load_batch(formed[0].batch_id)
+    assert record is not None and [r.ciphertext for r in record.reports] == [b"x2", b"x1"]
+    wire = spool.load_wire(formed[0].batch_id)
+    assert wire is not None and wire[1] == 2
+    assert pb.ShuffledBatch.FromString(wire[0]).batch_id == formed[0].batch_id
 
 
-def test_sqlite_pending_table_holds_nothing_about_the_sender(tmp_path: Path) -> None:
-    store = SqliteSpool(tmp_path / "s.sqlite3")
-    store.close()
-    db = sqlite3.connect(tmp_path / "s.sqlite3")
-    columns = {
-        table: [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
-        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-    }
-    db.close()
-    assert columns["pending"] == ["seq", "campaign_id", "key_id", "ciphertext"]
-    assert columns["batch_reports"] == ["batch_id", "position", "key_id", "ciphertext"]
-    every_column = {c for cols in columns.values() for c in cols}
-    assert not every_column & {"peer", "address", "ip", "received_at", "ts", "timestamp", "created_at"}
+def test_pending_segments_are_one_per_request_and_campaign(spool: SpoolStore) -> None:
+    spool.append(envelopes("a", 3) + envelopes("b", 1))
+    spool.append(envelopes("a", 2, start=3))
+    assert spool.pending_segment_counts("a") == [3, 2]
+    assert spool.pending_segment_counts("b") == [1]
+    assert spool.load_wire("no-such-batch") is None
 
 
-def test_sqlite_forgets_acknowledged_ciphertexts_on_disk(tmp_path: Path) -> None:
-    path = tmp_path / "s.sqlite3"
-    store = SqliteSpool(path)
-    marker = b"UNIQUE-MARKER-" + default_rng().bytes(16).hex().encode()
-    store.append([Envelope("a", 1, marker + b"-%d" % i) for i in range(50)])
-    record = store.form_batch("a", 100, default_rng().permutation)
-    assert record is not None
-    store.delete_batch(record.batch_id)
-    store.scrub()
-    store.close()
-    for file in tmp_path.iterdir():
-        assert marker not in file.read_bytes(), file.name
+def test_the_contract_suite_runs_over_both_spools() -> None:
+    contract = [
+        name
+        for name in globals()
+        if name.startswith("test_") and name != "test_the_contract_suite_runs_over_both_spools"
+    ]
+    assert len(contract) >= 12
+    assert IMPLEMENTATIONS == ["sqlite", "postgresql"]

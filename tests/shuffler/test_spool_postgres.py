@@ -16,7 +16,7 @@ import pytest
 from deniable.cli.main import main, spool_store_dsn
 from deniable.core.errors import ConfigurationError
 from deniable.core.rng import default_rng
-from deniable.shuffler.segments import parse_batch_wire
+from deniable.shuffler.columns import parse_batch_wire
 from deniable.shuffler.spool import Envelope, SpoolUnavailable
 from deniable.shuffler.spool_postgres import LOCK_NAMESPACE, PostgresSpool
 
