@@ -17,7 +17,7 @@ from deniable.aggregator.store import (
     CampaignCounts,
     UnknownCampaign,
 )
-from deniable.core.accounting.shuffle import LOCAL_ONLY
+from deniable.core.amplification.shuffle import LOCAL_ONLY
 from deniable.core.campaigns import randomiser_for
 from deniable.core.errors import (
     FailedPrecondition,

@@ -25,9 +25,10 @@ from typing import Any
 
 def binary_rr_rows(ns: list[int], eps0s: list[float], deltas: list[float]) -> list[dict[str, Any]]:
     """One row per (n, eps0, delta): accountant eps, exact lower bound, ratio, seconds."""
-    from deniable.core.accounting import BinaryRRExact, _binary_rr, best_bound, realised_probabilities
+    from deniable.core.accounting import BinaryRRExact, best_bound, realised_probabilities
     from deniable.core.accounting.accountant import clear_cache
-    from deniable.core.accounting.analyses import GRID_TOLERANCE
+    from deniable.core.amplification import _binary_rr
+    from deniable.core.amplification.analyses import GRID_TOLERANCE
 
     rows = []
     for n in ns:
@@ -63,7 +64,7 @@ def grr_rows(ks: list[int], ns: list[int], eps0s: list[float], delta: float) -> 
     """One row per (k, n, eps0): the full blanket now (at n, u blocked) and before (exact at n')."""
     from deniable.core.accounting import GRRFullBlanket, best_bound, realised_probabilities
     from deniable.core.accounting.accountant import clear_cache
-    from deniable.core.accounting.analyses import (
+    from deniable.core.amplification.analyses import (
         FULL_BLANKET_MAX_CELLS,
         _cached_full_blanket_epsilon,
         largest_affordable_n,

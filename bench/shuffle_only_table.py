@@ -11,7 +11,7 @@ from fractions import Fraction
 
 from deniable.core import mechanisms
 from deniable.core.accounting.planner import central_laplace, device_cost, expected_std_error
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.protocols import (
     GRID,
     balcer_cheu_exact_guarantee,
     balcer_cheu_gamma,

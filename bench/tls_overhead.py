@@ -16,73 +16,49 @@ import tempfile
 import time
 from pathlib import Path
 
-from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.core.plumbing.certs import write_dev_certs
-from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
 from deniable.core.rng import default_rng
-from deniable.shuffler import ShufflerConfig, start_shuffler
+from deniable.sim import local_services
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 
 async def one_mode(root: Path, tls: bool, small: int, large: int) -> tuple[float, float]:
     """(µs per one-report call, µs per report in 1,000-report calls)."""
-    certs = write_dev_certs(root / "certs")
-
-    def files(role: str) -> ServerTls | None:
-        return ServerTls(certs.cert(role), certs.key(role), certs.ca) if tls else None
-
-    aggregator = await start_aggregator(
-        AggregatorConfig(
-            data_dir=root / "agg", listen="127.0.0.1:0", tls=files("aggregator"), insecure=not tls
-        )
-    )
-    shuffler = await start_shuffler(
-        ShufflerConfig(
-            data_dir=root / "shuf",
-            upstream=aggregator.address,
-            listen="127.0.0.1:0",
-            tls=files("shuffler"),
-            insecure=not tls,
-            quota_per_source=0,
-            batch_interval_s=3600.0,
-        )
-    )
-    operator = open_channel(
-        aggregator.address,
-        ClientTls(certs.ca, certs.cert("operator"), certs.key("operator")) if tls else None,
-        insecure=not tls,
-    )
-    device = open_channel(shuffler.address, ClientTls(certs.ca) if tls else None, insecure=not tls)
-    try:
+    async with local_services(root, tls=tls, batch_interval_s=3600.0) as services:
         request = pb.CreateCampaignRequest(id="c", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=1)
-        campaign = await pb_grpc.AggregatorStub(operator).CreateCampaign(request)
-        stub = pb_grpc.ShufflerStub(device)
+        campaign = await services.create_campaign(request)
+        device = services.device_channel()
+        try:
+            return await time_submits(pb_grpc.ShufflerStub(device), campaign, small, large)
+        finally:
+            await device.close()
 
-        def reports(n: int) -> pb.SubmitReportsRequest:
-            body = [default_rng().bytes(campaign.ciphertext_length) for _ in range(n)]
-            return pb.SubmitReportsRequest(
-                reports=[
-                    pb.EncryptedReport(campaign_id="c", key_id=campaign.key_id, ciphertext=c) for c in body
-                ]
-            )
 
-        await stub.SubmitReports(reports(1))  # connect (and handshake) outside the timing
-        one, thousand = reports(1), reports(1000)
-        started = time.perf_counter()
-        for _ in range(small):
-            await stub.SubmitReports(one)
-        per_call = (time.perf_counter() - started) / small * 1e6
-        started = time.perf_counter()
-        for _ in range(large):
-            await stub.SubmitReports(thousand)
-        per_report = (time.perf_counter() - started) / (large * 1000) * 1e6
-        return per_call, per_report
-    finally:
-        await device.close()
-        await operator.close()
-        await shuffler.stop()
-        await aggregator.stop()
+def reports(campaign: pb.Campaign, n: int) -> pb.SubmitReportsRequest:
+    """``n`` reports of random bytes of the campaign's ciphertext length (the shuffler cannot tell)."""
+    body = [default_rng().bytes(campaign.ciphertext_length) for _ in range(n)]
+    return pb.SubmitReportsRequest(
+        reports=[
+            pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=c) for c in body
+        ]
+    )
+
+
+async def time_submits(
+    stub: pb_grpc.ShufflerAsyncStub, campaign: pb.Campaign, small: int, large: int
+) -> tuple[float, float]:
+    """``small`` one-report calls, then ``large`` 1,000-report calls, one after another."""
+    await stub.SubmitReports(reports(campaign, 1))  # connect (and handshake) outside the timing
+    one, thousand = reports(campaign, 1), reports(campaign, 1000)
+    started = time.perf_counter()
+    for _ in range(small):
+        await stub.SubmitReports(one)
+    per_call = (time.perf_counter() - started) / small * 1e6
+    started = time.perf_counter()
+    for _ in range(large):
+        await stub.SubmitReports(thousand)
+    per_report = (time.perf_counter() - started) / (large * 1000) * 1e6
+    return per_call, per_report
 
 
 async def main(small: int, large: int, repeat: int) -> None:

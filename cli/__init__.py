@@ -1,1 +1,2 @@
-"""The ``deniable`` command line: the composition root that wires client, shuffler and aggregator."""
+"""The ``deniable`` command line: one thin module per command, over the services, ``deniable.admin``
+and ``deniable.sim``."""

@@ -5,15 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+from deniable.cli.options import Subparsers, positive_int
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``bench``."""
     bench = sub.add_parser(
         "bench",
@@ -28,17 +23,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every measurement")
     bench.add_argument(
-        "--reports", type=_positive_int, default=None, help="reports per stage (default 200000)"
+        "--reports", type=positive_int, default=None, help="reports per stage (default 200000)"
     )
     bench.add_argument(
-        "--workers", type=_positive_int, default=None, help="processes for HPKE (default: every core)"
+        "--workers", type=positive_int, default=None, help="processes for HPKE (default: every core)"
     )
     bench.add_argument(
-        "--batch", type=_positive_int, default=None, help="reports per shuffled batch (default 50000)"
+        "--batch", type=positive_int, default=None, help="reports per shuffled batch (default 50000)"
     )
     bench.add_argument(
         "--request-reports",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="reports per SubmitReports request from the simulated devices (default 1000)",
     )
@@ -56,39 +51,58 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="instead: messages, bytes and CPU per device of the shuffle-only histograms (d = 2, 32, 1024)",
     )
     bench.add_argument(
-        "--devices", type=_positive_int, default=None, help="n for --compare-libraries/--memory"
+        "--devices", type=positive_int, default=None, help="n for --compare-libraries/--memory"
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress output")
     bench.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Dispatch to the chosen benchmark."""
+    """Run the chosen benchmark: library comparison, protocols, memory, or throughput (the default)."""
     progress = not args.no_progress
     if args.compare_libraries:
-        from deniable.sim.bench_libraries import LibraryConfig, run_comparison
+        _compare_libraries(args, progress)
+    elif args.protocols:
+        _protocols(args)
+    elif args.memory:
+        _memory(args, progress)
+    else:
+        _throughput(args, progress)
+    return 0
 
-        library_config = LibraryConfig.quick() if args.quick else LibraryConfig()
-        if args.devices is not None:
-            library_config.devices = args.devices
-        run_comparison(library_config, args.json, progress=progress)
-        return 0
-    if args.protocols:
-        from deniable.sim.bench_protocols import ProtocolConfig, run_protocols
 
-        protocol_config = ProtocolConfig.quick() if args.quick else ProtocolConfig()
-        if args.devices is not None:
-            protocol_config.n = args.devices
-        run_protocols(protocol_config, args.json)
-        return 0
-    if args.memory:
-        from deniable.sim.bench_memory import MemoryConfig, run_memory
+def _compare_libraries(args: argparse.Namespace, progress: bool) -> None:
+    """``--compare-libraries``: our randomisers against pure-ldp and multi-freq-ldpy."""
+    from deniable.sim.bench_libraries import LibraryConfig, run_comparison
 
-        memory_config = MemoryConfig.quick() if args.quick else MemoryConfig()
-        if args.devices is not None:
-            memory_config.reports = args.devices
-        run_memory(memory_config, args.json, progress=progress)
-        return 0
+    library_config = LibraryConfig.quick() if args.quick else LibraryConfig()
+    if args.devices is not None:
+        library_config.devices = args.devices
+    run_comparison(library_config, args.json, progress=progress)
+
+
+def _protocols(args: argparse.Namespace) -> None:
+    """``--protocols``: messages, bytes and CPU per device of the shuffle-only histograms."""
+    from deniable.sim.bench_protocols import ProtocolConfig, run_protocols
+
+    protocol_config = ProtocolConfig.quick() if args.quick else ProtocolConfig()
+    if args.devices is not None:
+        protocol_config.n = args.devices
+    run_protocols(protocol_config, args.json)
+
+
+def _memory(args: argparse.Namespace, progress: bool) -> None:
+    """``--memory``: peak RSS of the shuffler and the aggregator."""
+    from deniable.sim.bench_memory import MemoryConfig, run_memory
+
+    memory_config = MemoryConfig.quick() if args.quick else MemoryConfig()
+    if args.devices is not None:
+        memory_config.reports = args.devices
+    run_memory(memory_config, args.json, progress=progress)
+
+
+def _throughput(args: argparse.Namespace, progress: bool) -> None:
+    """The default: each stage and the pipeline end to end against the HPKE ceiling."""
     from deniable.sim.bench import BenchConfig, run_bench
 
     config = BenchConfig.quick() if args.quick else BenchConfig()
@@ -102,4 +116,3 @@ def run(args: argparse.Namespace) -> int:
         config.request_reports = args.request_reports
     config.progress = progress
     run_bench(config, args.json)
-    return 0

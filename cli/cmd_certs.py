@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from deniable.cli.options import Subparsers
 from deniable.core.plumbing.certs import DEV_ROLES, ROLE_URI_PREFIX, write_dev_certs
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``certs dev``."""
     certs = sub.add_parser("certs", help="TLS certificates").add_subparsers(dest="action", required=True)
     dev = certs.add_parser(

@@ -6,13 +6,13 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from deniable.admin.health import SERVICES, check
+from deniable.cli.options import Subparsers
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.tls import ClientTls
 
-SERVICES = {"aggregator": "deniable.v1.Aggregator", "shuffler": "deniable.v1.Shuffler", "server": ""}
 
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``health``."""
     health = sub.add_parser("health", help="exit 0 if a service answers SERVING to a gRPC health check")
     health.add_argument("--address", required=True, help="host:port of the service")
@@ -38,21 +38,3 @@ def run(args: argparse.Namespace) -> int:
     status = asyncio.run(check(args.address, SERVICES[args.service], tls, args.timeout))
     print(status)
     return 0 if status == "SERVING" else 1
-
-
-async def check(address: str, service: str, tls: ClientTls | None, timeout: float) -> str:
-    """The health status name ``address`` reports for ``service``, or UNREACHABLE(<code>)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from deniable.core.plumbing.tls import open_channel
-
-    channel = open_channel(address, tls, insecure=tls is None)
-    try:
-        stub = health_pb2_grpc.HealthStub(channel)
-        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-    except grpc.aio.AioRpcError as exc:
-        return f"UNREACHABLE({exc.code().name})"
-    finally:
-        await channel.close()

@@ -5,22 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+from deniable.cli.options import Subparsers, positive_float, positive_int
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``loadtest``."""
     from deniable.sim.loadtest import PATTERNS
 
@@ -37,36 +25,34 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             " device. See docs/performance.md."
         ),
     )
-    load.add_argument(
-        "--devices", type=_positive_int, default=None, help="simulated devices (default 100000)"
-    )
+    load.add_argument("--devices", type=positive_int, default=None, help="simulated devices (default 100000)")
     load.add_argument(
         "--pattern", choices=PATTERNS, default="constant", help="arrival pattern (default constant)"
     )
-    load.add_argument("--rate", type=_positive_float, default=None, help="mean arrivals per second")
+    load.add_argument("--rate", type=positive_float, default=None, help="mean arrivals per second")
     load.add_argument(
-        "--duration", type=_positive_float, default=None, help="seconds of arrivals (default 60)"
+        "--duration", type=positive_float, default=None, help="seconds of arrivals (default 60)"
     )
     load.add_argument(
         "--shuffler", default=None, help="a running shuffler (loopback) instead of starting one"
     )
     load.add_argument("--aggregator", default=None, help="its aggregator (loopback), with --shuffler")
     load.add_argument(
-        "--buckets", type=_positive_int, default=8, help="categories of the question (default 8)"
+        "--buckets", type=positive_int, default=8, help="categories of the question (default 8)"
     )
     load.add_argument("--mechanism", default="grr", help="randomiser (default grr)")
-    load.add_argument("--epsilon0", type=_positive_float, default=1.0, help="local epsilon (default 1)")
+    load.add_argument("--epsilon0", type=positive_float, default=1.0, help="local epsilon (default 1)")
     load.add_argument(
-        "--request-reports", type=_positive_int, default=1000, help="most reports per request (default 1000)"
+        "--request-reports", type=positive_int, default=1000, help="most reports per request (default 1000)"
     )
-    load.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (default 8)")
-    load.add_argument("--workers", type=_positive_int, default=None, help="sealing/decryption processes")
+    load.add_argument("--concurrency", type=positive_int, default=8, help="requests in flight (default 8)")
+    load.add_argument("--workers", type=positive_int, default=None, help="sealing/decryption processes")
     load.add_argument("--out", type=Path, default=Path("loadtest-results"), help="where the plots go")
     load.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     load.add_argument("--workdir", type=Path, default=None, help="keep the services' data here")
     load.add_argument(
         "--grace",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         help="seconds allowed after --duration (default max(60, duration))",
     )

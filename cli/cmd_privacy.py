@@ -5,24 +5,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from deniable.admin.privacy import MAX_DOMAIN, MAX_N, amplification, plot_profile, profile_table
+from deniable.cli.options import Subparsers, positive_float, positive_int
 from deniable.sim import render
 
 if TYPE_CHECKING:
     from deniable.core.accounting.planner import Plan
-    from deniable.core.mechanisms.base import LocalRandomiser
-
-
-MAX_N = 10**9  # deniable.core.accounting.planner.MAX_N (not imported: parsing stays light)
-MAX_DOMAIN = 4096  # deniable.core.accounting.planner.MAX_DOMAIN
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def _shuffle_n(text: str) -> int:
@@ -48,14 +38,8 @@ def _check_limits(args: argparse.Namespace) -> None:
         raise ValueError(f"--domain {args.domain} is above the supported maximum {MAX_DOMAIN}")
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
 def _probability(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1 (a δ)."""
     value = float(text)
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must lie in (0, 1), got {text}")
@@ -63,24 +47,31 @@ def _probability(text: str) -> float:
 
 
 def _domain(text: str) -> int:
+    """An argparse type: a domain size of at least 2."""
     value = int(text)
     if value < 2:
         raise argparse.ArgumentTypeError(f"a domain has at least 2 values, got {text}")
     return value
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``privacy mechanisms``, ``privacy plan``, ``privacy amplify`` and ``privacy profile``."""
     privacy = sub.add_parser("privacy", help="mechanisms, planning and accounting").add_subparsers(
         dest="action", required=True
     )
     mechanisms = privacy.add_parser("mechanisms", help="list the randomisers")
     mechanisms.set_defaults(handler=list_mechanisms)
+    _add_plan(privacy)
+    _add_amplify(privacy)
+    _add_profile(privacy)
 
+
+def _add_plan(privacy: Subparsers) -> None:
+    """``privacy plan``: options of the planner."""
     plan = privacy.add_parser(
         "plan", help="the mechanism and epsilon0 that meet a central (ε, δ) at n with the smallest error"
     )
-    plan.add_argument("--target-epsilon", type=_positive_float, required=True, help="central ε to meet")
+    plan.add_argument("--target-epsilon", type=positive_float, required=True, help="central ε to meet")
     plan.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
     plan.add_argument("--n", type=_shuffle_n, required=True, help="reports shuffled together")
     plan.add_argument("--domain", type=_domain, required=True, help="number of categories k (2: binary)")
@@ -95,20 +86,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(handler=plan_command)
 
+
+def _add_amplify(privacy: Subparsers) -> None:
+    """``privacy amplify``: one mechanism, ε0 and n."""
     amplify = privacy.add_parser("amplify", help="central (ε, δ) of n shuffled reports, by every analysis")
     amplify.add_argument("--mechanism", required=True)
-    amplify.add_argument("--epsilon0", type=_positive_float, required=True)
+    amplify.add_argument("--epsilon0", type=positive_float, required=True)
     amplify.add_argument("--n", type=_shuffle_n, required=True)
     amplify.add_argument("--delta", type=_probability, default=1e-6, help="central δ (default 1e-6)")
     amplify.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
     amplify.add_argument("--json", action="store_true")
+    amplify.set_defaults(handler=amplify_command)
 
+
+def _add_profile(privacy: Subparsers) -> None:
+    """``privacy profile``: δ(ε) on a grid or at given ε."""
     profile = privacy.add_parser(
         "profile", help="the privacy profile δ(ε) of n shuffled reports (table, JSON or a plot)"
     )
     profile.add_argument("--mechanism", required=True)
     profile.add_argument(
-        "--epsilon0", type=_positive_float, required=True, help="local ε0 (shuffle-only: the central target)"
+        "--epsilon0", type=positive_float, required=True, help="local ε0 (shuffle-only: the central target)"
     )
     profile.add_argument("--n", type=_shuffle_n, required=True, help="devices shuffled together")
     profile.add_argument("--domain", type=_domain, default=2, help="number of categories k (default 2)")
@@ -127,11 +125,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     profile.add_argument(
         "--epsilon", type=float, action="append", default=None, help="ε to evaluate (repeatable)"
     )
-    profile.add_argument("--points", type=_positive_int, default=20, help="grid points when no --epsilon")
+    profile.add_argument("--points", type=positive_int, default=20, help="grid points when no --epsilon")
     profile.add_argument("--json", action="store_true")
     profile.add_argument("--plot", type=str, default=None, help="write a PNG of δ(ε) to this path")
     profile.set_defaults(handler=profile_command)
-    amplify.set_defaults(handler=amplify_command)
 
 
 def list_mechanisms(args: argparse.Namespace) -> int:
@@ -215,10 +212,12 @@ def plan_text(plan: Plan) -> str:
 
 
 def _bytes(value: float) -> str:
+    """Bytes with thousands separators, or a dash when unknown (NaN)."""
     return f"{value:,.0f}" if value == value else "—"
 
 
 def _local_words(plan: Plan) -> str:
+    """The chosen mechanism's local guarantee in words."""
     if plan.chosen.local_privacy:
         return f"local ε0 = {plan.epsilon0:.4f}"
     return f"no local guarantee (shuffle-only; ε0 = {plan.epsilon0:.4f} is the central target)"
@@ -259,72 +258,6 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_randomiser(
-    mechanism: str, epsilon0: float, domain: int, delta: float, expected_n: int
-) -> LocalRandomiser:
-    """The named randomiser; shuffle-only protocols get the delta and expected n they calibrate to."""
-    import inspect
-
-    from deniable.core import mechanisms
-
-    accepted = inspect.signature(mechanisms.mechanism_class(mechanism)).parameters
-    params: dict[str, float] = {}
-    if "delta" in accepted:
-        params["delta"] = delta
-    if "expected_n" in accepted:
-        params["expected_n"] = float(expected_n)
-    return mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain, **params)
-
-
-def amplification(mechanism: str, epsilon0: float, n: int, delta: float, domain: int) -> dict[str, Any]:
-    """The mechanism's central guarantee and every valid analysis's own bound, JSON-ready."""
-    from deniable.core.accounting import analyses_for
-
-    randomiser = build_randomiser(mechanism, epsilon0, domain, delta, n)
-    best = randomiser.central_guarantee(n, delta)
-    rows: list[dict[str, Any]] = []
-    if randomiser.local_privacy:
-        for analysis in analyses_for(epsilon0, n, mechanism, domain):
-            bound = analysis.bound(delta)
-            rows.append(
-                {
-                    "analysis": analysis.name,
-                    "epsilon": bound.epsilon,
-                    "delta": bound.delta,
-                    "amplified": bound.amplified,
-                    "note": bound.note,
-                    "citation": analysis.citation,
-                    "validity": analysis.validity,
-                }
-            )
-    if best.amplified and best.analysis not in {row["analysis"] for row in rows}:
-        rows.append(
-            {
-                "analysis": best.analysis,
-                "epsilon": best.epsilon,
-                "delta": best.delta,
-                "amplified": best.amplified,
-                "note": best.note,
-                "citation": "",
-                "validity": f"{mechanism}'s own analysis",
-            }
-        )
-    return {
-        "mechanism": mechanism,
-        "epsilon0": epsilon0,
-        "n": n,
-        "domain_size": domain,
-        "delta_requested": delta,
-        "local_privacy": randomiser.local_privacy,
-        "epsilon": best.epsilon,
-        "delta": best.delta,
-        "analysis": best.analysis,
-        "amplified": best.amplified,
-        "note": best.note,
-        "analyses": rows,
-    }
-
-
 def amplify_command(args: argparse.Namespace) -> int:
     """``privacy amplify``: the tightest guarantee and the table of every analysis."""
     _check_limits(args)
@@ -351,71 +284,6 @@ def amplify_command(args: argparse.Namespace) -> int:
         f"tightest: central (ε, δ) = ({result['epsilon']:.4g}, {result['delta']:g}) by {result['analysis']}"
     )
     return 0
-
-
-def profile_table(
-    mechanism: str,
-    epsilon0: float,
-    n: int,
-    domain: int,
-    delta: float,
-    expected_n: int,
-    epsilons: list[float] | None,
-    points: int,
-) -> dict[str, Any]:
-    """delta(eps) on a grid (or at the given eps), with the guarantee at ``delta``, JSON-ready."""
-    randomiser = build_randomiser(mechanism, epsilon0, domain, delta, expected_n)
-    guarantee = randomiser.central_guarantee(n, delta)
-    if epsilons is None:  # up to twice the stated eps, where delta(eps) changes most
-        top = epsilon0 if randomiser.local_privacy else 2 * epsilon0
-        if guarantee.amplified and math.isfinite(guarantee.epsilon) and guarantee.epsilon > 0:
-            top = min(top, 2 * guarantee.epsilon)
-        epsilons = [top * j / points for j in range(1, points + 1)]
-    for eps in epsilons:
-        if not (math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"--epsilon must be a finite number >= 0, got {eps!r}")
-    rows = [{"epsilon": eps, "delta": randomiser.privacy_profile(n, eps)} for eps in sorted(epsilons)]
-    return {
-        "mechanism": mechanism,
-        "epsilon0": epsilon0,
-        "n": n,
-        "domain_size": domain,
-        "local_privacy": randomiser.local_privacy,
-        "params": randomiser.parameters(),
-        "profile": rows,
-        "guarantee": {
-            "epsilon": guarantee.epsilon,
-            "delta": guarantee.delta,
-            "analysis": guarantee.analysis,
-            "amplified": guarantee.amplified,
-        },
-    }
-
-
-def plot_profile(result: dict[str, Any], path: str) -> None:
-    """delta(eps) on a log scale, with the stated guarantee marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    eps = [row["epsilon"] for row in result["profile"]]
-    deltas = [max(row["delta"], 1e-300) for row in result["profile"]]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.semilogy(eps, deltas, marker="o", markersize=3, label="δ(ε) (upper bound)")
-    guarantee = result["guarantee"]
-    if math.isfinite(guarantee["epsilon"]) and guarantee["delta"] > 0:
-        ax.scatter([guarantee["epsilon"]], [guarantee["delta"]], color="C3", zorder=3, label="stated (ε, δ)")
-    ax.set_xlabel("ε")
-    ax.set_ylabel("δ")
-    ax.set_title(
-        f"{result['mechanism']}: ε0 = {result['epsilon0']:g}, n = {result['n']}, k = {result['domain_size']}"
-    )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def profile_command(args: argparse.Namespace) -> int:

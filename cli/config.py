@@ -198,6 +198,7 @@ def convert(action: argparse.Action, raw: object, where: str) -> Any:
 
 
 def _boolean(raw: object) -> bool:
+    """A TOML boolean or an environment word (1/true/yes/on, 0/false/no/off) as a bool."""
     if isinstance(raw, bool):
         return raw
     text = str(raw).strip().lower()
@@ -229,6 +230,7 @@ def _load(path: Path, actions: Mapping[str, argparse.Action]) -> dict[str, Any]:
 
 
 def _check_required(args: argparse.Namespace, actions: Mapping[str, argparse.Action]) -> None:
+    """ConfigurationError naming the flag, variable and key of a required setting none of them gave."""
     for dest in actions:
         if getattr(args, f"_required_{dest}", False) and getattr(args, dest, None) is None:
             flag = "--" + dest.replace("_", "-")
@@ -247,6 +249,7 @@ def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParse
 
 
 def _subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser | None:
+    """The subcommand parser at ``path`` (e.g. ``aggregator serve``), or None."""
     for name in path:
         found = None
         for action in parser._actions:

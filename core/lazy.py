@@ -2,14 +2,15 @@
 
 Modules write ``from deniable.core.lazy import numpy as np`` (under ``TYPE_CHECKING`` they import
 the real module for mypy); the first attribute access imports numpy, or raises a one-line
-ModuleNotFoundError naming the extra that installs it.
+ModuleNotFoundError naming the extra that installs it. ``FloatArray`` and ``IntArray`` are the
+array annotations, real for mypy and placeholders at run time.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 NUMPY_HINT = (
     "numpy is needed here (vectorised aggregation, simulation, or the parameters of a shuffle-only "
@@ -42,3 +43,12 @@ class LazyModule:
 
 numpy = LazyModule("numpy", NUMPY_HINT)
 numpy_typing = LazyModule("numpy.typing", NUMPY_HINT)
+
+if TYPE_CHECKING:
+    import numpy as _np
+    import numpy.typing as _npt
+
+    FloatArray = _npt.NDArray[_np.float64]
+    IntArray = _npt.NDArray[_np.int64]
+else:  # annotations are not evaluated at run time; the names stay importable without numpy
+    FloatArray = IntArray = object

@@ -19,7 +19,7 @@ for requirement in project["dependencies"] + project["optional-dependencies"]["s
 PY
 echo "== lowest allowed versions"; cat "$venv/constraints.txt"
 "$venv/bin/python" -m pip install -q -c "$venv/constraints.txt" -e ".[server]" \
-  "pytest>=8" "pytest-asyncio>=1.0" "pytest-timeout>=2.3"
+  "pytest>=8" "pytest-asyncio>=1.0" "pytest-timeout>=2.3" "import-linter>=2.17"  # test tools, not floors
 "$venv/bin/python" -m pip check
 "$venv/bin/python" - <<'PY'
 from importlib.metadata import version
@@ -28,7 +28,7 @@ for name in ("grpcio", "protobuf", "cryptography", "numpy"):
 PY
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   tests/client/test_reporter.py tests/client/test_outbox.py tests/client/test_budget.py \
-  tests/client/test_backoff.py tests/client/test_grpc_transport.py tests/client/test_sync_and_fetch.py \
+  tests/client/test_backoff.py tests/core/test_backoff.py tests/client/test_grpc_transport.py tests/client/test_sync_and_fetch.py \
   tests/client/test_package.py tests/core/test_wire.py tests/core/test_crypto.py \
   tests/test_wire_vectors.py tests/sdk \
   --deselect tests/sdk/test_bare_install.py::test_the_wheel_without_extras_installs_no_server_package_and_sends \

@@ -22,19 +22,16 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import grpc
-
-from deniable.core.batches import batch_digest
 from deniable.shuffler.forwarder import DEFAULT_WINDOW as FORWARD_WINDOW
-from deniable.sim import benchkit, render
-from deniable.sim.benchkit import ServiceProcess
+from deniable.sim import benchkit, populations, render
+from deniable.sim.benchkit import ServiceProcess, say
+from deniable.sim.sink import SinkAggregator, ingest_batches, shuffled_batches, start_sink
 from deniable.v1 import deniable_pb2 as pb
-from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 SHUFFLER_CPU_TARGET: Final = 0.05
 """Target: shuffler CPU per report below 5% of the aggregator's."""
@@ -165,391 +162,277 @@ def measure_ceiling(pool: Any, workers: int, count: int, repeats: int = 3) -> tu
     )
 
 
-# --- a stand-in aggregator that only acknowledges (for the shuffler's own stages) ----------------
+# --- the run: one named step per measurement -------------------------------------------------------
 
 
-class SinkAggregator(pb_grpc.AggregatorServicer):
-    """Serves one campaign and acknowledges every batch without decrypting anything."""
+@dataclass
+class Measured:
+    """What the end-to-end stage leaves for the summary: the stage and each service's CPU."""
 
-    def __init__(self, campaigns: Sequence[pb.Campaign]) -> None:
-        self.campaigns = {c.id: c for c in campaigns}
-        self.reports = 0
-        self.batches = 0
-
-    async def GetCampaign(self, request: pb.GetCampaignRequest, context: Any) -> pb.Campaign:  # noqa: N802
-        campaign = self.campaigns.get(request.campaign_id)
-        if campaign is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no such campaign")
-            raise AssertionError("abort returned")
-        return campaign
-
-    async def ListCampaigns(  # noqa: N802
-        self, request: pb.ListCampaignsRequest, context: Any
-    ) -> pb.ListCampaignsResponse:
-        return pb.ListCampaignsResponse(campaigns=list(self.campaigns.values()))
-
-    async def CreateCampaign(self, request: pb.CreateCampaignRequest, context: Any) -> pb.Campaign:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def BinarySum(self, request: pb.QueryRequest, context: Any) -> pb.QueryResponse:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def ReleaseBelowNMin(self, request: pb.ReleaseBelowNMinRequest, context: Any) -> pb.Campaign:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def Histogram(self, request: pb.QueryRequest, context: Any) -> pb.QueryResponse:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def ListKeys(self, request: pb.ListKeysRequest, context: Any) -> pb.ListKeysResponse:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def RotateKey(self, request: pb.KeyRotateRequest, context: Any) -> pb.KeyInfo:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def DestroyKey(self, request: pb.KeyDestroyRequest, context: Any) -> pb.KeyInfo:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def CloseCampaign(self, request: pb.KeyCloseCampaignRequest, context: Any) -> pb.Campaign:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def DeleteCampaign(  # noqa: N802
-        self, request: pb.StatusDeleteCampaignRequest, context: Any
-    ) -> pb.StatusDeleteCampaignResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a sink")
-        raise AssertionError("abort returned")
-
-    async def IngestBatch(self, request: pb.ShuffledBatch, context: Any) -> pb.IngestBatchResponse:  # noqa: N802
-        self.batches += 1
-        self.reports += len(request.reports)
-        return pb.IngestBatchResponse(batch_id=request.batch_id, counted=len(request.reports))
+    stage: Stage
+    shuffler_cpu_s: float
+    aggregator_cpu_s: float
 
 
-async def start_sink(campaigns: Sequence[pb.Campaign]) -> tuple[grpc.aio.Server, SinkAggregator, str]:
-    """The sink on a free loopback port."""
-    from deniable.core.plumbing import service
+class BenchRun:
+    """One ``deniable bench`` run: the services, the sealed reports and the stages measured so far."""
 
-    sink = SinkAggregator(campaigns)
-    server = service.new_server()
-    pb_grpc.add_AggregatorServicer_to_server(sink, server)
-    port = service.bind(server, "127.0.0.1:0")
-    await server.start()
-    return server, sink, f"127.0.0.1:{port}"
+    def __init__(self, config: BenchConfig, workdir: Path) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.workers = max(1, config.workers)
+        self.stages: list[Stage] = []
+        self.ceiling = 0.0
+        self.pool: ProcessPoolExecutor | None = None
+        self.aggregator = benchkit.aggregator_process(workdir / "aggregator", self.workers)
+        self.services: list[ServiceProcess] = [self.aggregator]
 
+    def add(self, stage: Stage) -> None:
+        """Record a stage with its rates against the ceiling measured so far."""
+        self.stages.append(stage.finish(self.ceiling))
 
-# --- the run ------------------------------------------------------------------------------------------
-
-
-def _campaign_request(campaign_id: str, epsilon0: float, n_min: int) -> pb.CreateCampaignRequest:
-    return pb.CreateCampaignRequest(
-        id=campaign_id,
-        question="Which of 8 buckets? (benchmark)",
-        kind=pb.CATEGORICAL,
-        labels=list(LABELS),
-        mechanism=pb.GRR,
-        epsilon0=epsilon0,
-        delta=1e-6,
-        n_min=n_min,
-    )
-
-
-def shuffled_batches(sealed: benchkit.Sealed, size: int, prefix: str) -> list[tuple[bytes, int]]:
-    """Pre-serialised ShuffledBatch messages of ``size`` reports (the order a shuffler would send)."""
-    campaign = sealed.campaign
-    out = []
-    for index, start in enumerate(range(0, sealed.count, size)):
-        chunk = sealed.ciphertexts[start : start + size]
-        head = pb.ShuffledBatch(
-            batch_id=f"{prefix}-{index:06d}", campaign_id=campaign.id, digest=batch_digest(chunk)
-        ).SerializeToString()
-        elements = benchkit.report_elements(campaign.id, campaign.key_id, chunk, field_number=3)
-        out.append((head + b"".join(elements), len(chunk)))
-    return out
-
-
-async def ingest_batches(address: str, batches: Sequence[tuple[bytes, int]], concurrency: int = 1) -> int:
-    """IngestBatch each pre-serialised batch, ``concurrency`` at a time (the forwarder's window)."""
-    channel = benchkit._channel(address)
-    ingest = channel.unary_unary(
-        benchkit.INGEST_METHOD,
-        request_serializer=lambda raw: raw,
-        response_deserializer=pb.IngestBatchResponse.FromString,
-    )
-    counted = 0
-    queue = list(reversed(batches))
-
-    async def worker() -> None:
-        nonlocal counted
-        while queue:
-            raw, _ = queue.pop()
-            response: pb.IngestBatchResponse = await ingest(raw, timeout=600)
-            counted += response.counted
-
-    try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    finally:
-        await channel.close()
-    return counted
-
-
-def _say(progress: bool, text: str) -> None:
-    if progress:
-        print(text, flush=True)
-
-
-async def _run(config: BenchConfig, workdir: Path) -> dict[str, Any]:
-    from tqdm import tqdm
-
-    workers = max(1, config.workers)
-    stages: list[Stage] = []
-    report: dict[str, Any] = {"machine": benchkit.machine(), "config": asdict(config)}
-    _say(config.progress, f"deniable bench: {workers} cores, {config.reports} reports per stage")
-
-    pool = await asyncio.to_thread(benchkit.start_pool, workers)
-    aggregator = ServiceProcess(
-        "aggregator",
-        {
-            "data_dir": workdir / "aggregator",
-            "listen": "127.0.0.1:0",
-            "decrypt_workers": workers,
-            "metrics_port": 0,
-        },
-    )
-    services: list[ServiceProcess] = [aggregator]
-    try:
-        _say(config.progress, "measuring the ceiling (HPKE on every core) ...")
-        ceiling_stage, one_core, encrypt = await asyncio.to_thread(
-            measure_ceiling, pool, workers, config.ceiling_reports
+    async def measure_ceiling(self) -> None:
+        """HPKE on every core before anything else runs: the first ceiling."""
+        self.pool = await asyncio.to_thread(benchkit.start_pool, self.workers)
+        say(self.config.progress, "measuring the ceiling (HPKE on every core) ...")
+        first, one_core, encrypt = await asyncio.to_thread(
+            measure_ceiling, self.pool, self.workers, self.config.ceiling_reports
         )
-        ceiling = ceiling_stage.reports / ceiling_stage.seconds
-        stages += [s.finish(ceiling) for s in (ceiling_stage, one_core, encrypt)]
+        self.ceiling = first.reports / first.seconds
+        for stage in (first, one_core, encrypt):
+            self.add(stage)
 
-        await asyncio.to_thread(aggregator.start)
+    async def seal_reports(self) -> None:
+        """Start the aggregator, create the campaigns and seal their reports as simulated devices."""
+        config, pool = self.config, self.pool
+        assert pool is not None
+        await asyncio.to_thread(self.aggregator.start)
         n_min = min(1000, config.reports)
-        stage_campaign = await benchkit.create_campaign(
-            aggregator.address, _campaign_request("bench-stages", config.epsilon0, n_min)
-        )
-        e2e_campaign = await benchkit.create_campaign(
-            aggregator.address, _campaign_request("bench-e2e", config.epsilon0, n_min)
-        )
-        warm_campaign = await benchkit.create_campaign(
-            aggregator.address, _campaign_request("bench-warmup", config.epsilon0, 1)
-        )
-        values = benchkit.interleaved_population(benchkit.zipf_shares(len(LABELS)), config.reports)
-
-        _say(config.progress, "sealing reports as simulated devices (every core) ...")
-        with tqdm(total=2 * config.reports, desc="seal", unit="report", disable=not config.progress) as bar:
-            sealed_stage = await asyncio.to_thread(
-                benchkit.seal_population, stage_campaign, values, pool, workers, bar.update
+        stage, e2e, warm = [
+            await benchkit.create_campaign(
+                self.aggregator.address,
+                benchkit.bucket_campaign_request(name, len(LABELS), config.epsilon0, size),
             )
-            sealed_e2e = await asyncio.to_thread(
-                benchkit.seal_population, e2e_campaign, values, pool, workers, bar.update
+            for name, size in (("bench-stages", n_min), ("bench-e2e", n_min), ("bench-warmup", 1))
+        ]
+        values = populations.interleaved_population(populations.zipf_shares(len(LABELS)), config.reports)
+        say(config.progress, "sealing reports as simulated devices (every core) ...")
+        self.sealed_stage, self.sealed_e2e = [
+            await asyncio.to_thread(
+                benchkit.seal_with_bar, c, values, pool, self.workers, "seal", config.progress
             )
-        warm = await asyncio.to_thread(
-            benchkit.seal_population, warm_campaign, [0] * (512 * workers + 8), pool, workers
+            for c in (stage, e2e)
+        ]
+        self.warm = await asyncio.to_thread(
+            benchkit.seal_population, warm, [0] * (512 * self.workers + 8), pool, self.workers
         )
-        stages.append(
-            Stage(
-                "device: randomise + seal, all cores",
-                sealed_stage.count,
-                sealed_stage.wall_s,
-                sealed_stage.cpu_s,
-                f"{workers} processes",
-            ).finish(ceiling)
+        sealed = self.sealed_stage
+        where = f"{self.workers} processes"
+        self.add(
+            Stage("device: randomise + seal, all cores", sealed.count, sealed.wall_s, sealed.cpu_s, where)
         )
         await asyncio.to_thread(pool.shutdown)
 
-        # Shuffler alone: ingest, then permute + forward to a sink that only acknowledges.
-        _say(config.progress, "shuffler stages (upstream: an acknowledging sink) ...")
-        sink_server, sink, sink_address = await start_sink([stage_campaign])
-        shuffler = ServiceProcess(
-            "shuffler",
-            {
-                "data_dir": workdir / "shuffler-stage",
-                "upstream": sink_address,
-                "listen": "127.0.0.1:0",
-                "batch_interval_s": 3600.0,
-                "max_batch_reports": config.batch_reports,
-            },
+    async def measure_shuffler(self) -> None:
+        """The shuffler alone: ingest, then permute + forward to a sink that only acknowledges."""
+        say(self.config.progress, "shuffler stages (upstream: an acknowledging sink) ...")
+        campaign = self.sealed_stage.campaign
+        sink_server, sink, sink_address = await start_sink([campaign])
+        shuffler = benchkit.shuffler_process(
+            self.workdir / "shuffler-stage",
+            sink_address,
+            batch_interval_s=3600.0,
+            max_batch_reports=self.config.batch_reports,
         )
-        services.append(shuffler)
+        self.services.append(shuffler)
         try:
             await asyncio.to_thread(shuffler.start)
-            requests = benchkit.chunk_requests(
-                benchkit.report_elements(
-                    stage_campaign.id, stage_campaign.key_id, sealed_stage.ciphertexts, 1
-                ),
-                config.request_reports,
-            )
-            cpu_before = shuffler.cpu_seconds()
-            submitted = await benchkit.submit_requests(shuffler.address, requests, config.concurrency)
-            cpu_ingest = shuffler.cpu_seconds() - cpu_before
-            if submitted.acknowledged != sealed_stage.count:
-                raise RuntimeError(f"shuffler acknowledged {submitted.acknowledged} of {sealed_stage.count}")
-            stages.append(
-                Stage(
-                    "shuffler: ingest (SubmitReports, durable spool)",
-                    submitted.acknowledged,
-                    submitted.last_acked - submitted.first_sent,
-                    cpu_ingest,
-                    "shuffler process",
-                ).finish(ceiling)
-            )
-            cpu_before = shuffler.cpu_seconds()
-            started = time.perf_counter()
-            flushed = await benchkit.flush_shuffler(shuffler.address)
-            forward_wall = time.perf_counter() - started
-            cpu_forward = shuffler.cpu_seconds() - cpu_before
-            if flushed.reports_forwarded != sealed_stage.count or sink.reports != sealed_stage.count:
-                raise RuntimeError(f"shuffler forwarded {flushed.reports_forwarded} of {sealed_stage.count}")
-            stages.append(
-                Stage(
-                    "shuffler: permute + forward (Flush)",
-                    flushed.reports_forwarded,
-                    forward_wall,
-                    cpu_forward,
-                    f"shuffler process; {flushed.batches_forwarded} batches",
-                ).finish(ceiling)
-            )
-            # Devices that send one report per request (no gateway batching): the per-call cost.
-            single = benchkit.report_elements(
-                stage_campaign.id,
-                stage_campaign.key_id,
-                sealed_stage.ciphertexts[: config.single_requests],
-                1,
-            )
-            cpu_before = shuffler.cpu_seconds()
-            submitted = await benchkit.submit_requests(
-                shuffler.address, [(e, 1) for e in single], config.single_concurrency
-            )
-            stages.append(
-                Stage(
-                    "shuffler: ingest, 1 report per request",
-                    submitted.acknowledged,
-                    submitted.last_acked - submitted.first_sent,
-                    shuffler.cpu_seconds() - cpu_before,
-                    f"shuffler process; {config.single_concurrency} requests in flight",
-                ).finish(ceiling)
-            )
+            await self._shuffler_ingest(shuffler)
+            await self._shuffler_forward(shuffler, sink)
+            await self._shuffler_single_reports(shuffler)
         finally:
             await asyncio.to_thread(shuffler.stop)
             await sink_server.stop(None)
 
-        # Aggregator alone: shuffled batches straight to IngestBatch.
-        _say(config.progress, "aggregator stage (IngestBatch of shuffled batches) ...")
-        await ingest_batches(aggregator.address, shuffled_batches(warm, len(warm.ciphertexts), "warm"))
-        batches = shuffled_batches(sealed_stage, config.batch_reports, "stage")
-        cpu_before = aggregator.cpu_seconds()
-        started = time.perf_counter()
-        counted = await ingest_batches(aggregator.address, batches, concurrency=FORWARD_WINDOW)
-        aggregate_wall = time.perf_counter() - started
-        cpu_aggregate = aggregator.cpu_seconds() - cpu_before
-        if counted != sealed_stage.count:
-            raise RuntimeError(f"aggregator counted {counted} of {sealed_stage.count}")
-        stages.append(
-            Stage(
-                "aggregator: ingest + decrypt + count",
-                counted,
-                aggregate_wall,
-                cpu_aggregate,
-                f"aggregator + {workers} decryption processes; batches of {config.batch_reports},"
-                f" {FORWARD_WINDOW} in flight",
-            ).finish(ceiling)
-        )
+    async def _shuffler_ingest(self, shuffler: ServiceProcess) -> None:
+        """SubmitReports of every stage report, in gateway-sized requests, spooled durably."""
+        sealed, config = self.sealed_stage, self.config
+        elements = benchkit.report_elements(sealed.campaign.id, sealed.campaign.key_id, sealed.ciphertexts, 1)
+        requests = benchkit.chunk_requests(elements, config.request_reports)
+        cpu_before = shuffler.cpu_seconds()
+        submitted = await benchkit.submit_requests(shuffler.address, requests, config.concurrency)
+        cpu = shuffler.cpu_seconds() - cpu_before
+        if submitted.acknowledged != sealed.count:
+            raise RuntimeError(f"shuffler acknowledged {submitted.acknowledged} of {sealed.count}")
+        wall = submitted.last_acked - submitted.first_sent
+        name = "shuffler: ingest (SubmitReports, durable spool)"
+        self.add(Stage(name, submitted.acknowledged, wall, cpu, "shuffler process"))
 
-        # End to end: devices (pre-sealed) -> shuffler -> aggregator, counted.
-        _say(config.progress, "end to end through the real services ...")
-        shuffler = ServiceProcess(
-            "shuffler",
-            {
-                "data_dir": workdir / "shuffler-e2e",
-                "upstream": aggregator.address,
-                "listen": "127.0.0.1:0",
-                "max_batch_reports": config.batch_reports,
-                "forward_deadline_s": 600.0,
-            },
+    async def _shuffler_forward(self, shuffler: ServiceProcess, sink: SinkAggregator) -> None:
+        """Flush: one permutation of everything held, forwarded in batches."""
+        count = self.sealed_stage.count
+        cpu_before = shuffler.cpu_seconds()
+        started = time.perf_counter()
+        flushed = await benchkit.flush_shuffler(shuffler.address)
+        wall = time.perf_counter() - started
+        cpu = shuffler.cpu_seconds() - cpu_before
+        if flushed.reports_forwarded != count or sink.reports != count:
+            raise RuntimeError(f"shuffler forwarded {flushed.reports_forwarded} of {count}")
+        where = f"shuffler process; {flushed.batches_forwarded} batches"
+        self.add(Stage("shuffler: permute + forward (Flush)", flushed.reports_forwarded, wall, cpu, where))
+
+    async def _shuffler_single_reports(self, shuffler: ServiceProcess) -> None:
+        """Devices that send one report per request (no gateway batching): the per-call cost."""
+        sealed, config = self.sealed_stage, self.config
+        single = benchkit.report_elements(
+            sealed.campaign.id, sealed.campaign.key_id, sealed.ciphertexts[: config.single_requests], 1
         )
-        services.append(shuffler)
+        cpu_before = shuffler.cpu_seconds()
+        submitted = await benchkit.submit_requests(
+            shuffler.address, [(e, 1) for e in single], config.single_concurrency
+        )
+        wall = submitted.last_acked - submitted.first_sent
+        cpu = shuffler.cpu_seconds() - cpu_before
+        where = f"shuffler process; {config.single_concurrency} requests in flight"
+        self.add(Stage("shuffler: ingest, 1 report per request", submitted.acknowledged, wall, cpu, where))
+
+    async def measure_aggregator(self) -> None:
+        """The aggregator alone: shuffled batches straight to IngestBatch, the forwarder's window."""
+        say(self.config.progress, "aggregator stage (IngestBatch of shuffled batches) ...")
+        address, batch_reports = self.aggregator.address, self.config.batch_reports
+        await ingest_batches(address, shuffled_batches(self.warm, len(self.warm.ciphertexts), "warm"))
+        batches = shuffled_batches(self.sealed_stage, batch_reports, "stage")
+        cpu_before = self.aggregator.cpu_seconds()
+        started = time.perf_counter()
+        counted = await ingest_batches(address, batches, concurrency=FORWARD_WINDOW)
+        wall = time.perf_counter() - started
+        cpu = self.aggregator.cpu_seconds() - cpu_before
+        if counted != self.sealed_stage.count:
+            raise RuntimeError(f"aggregator counted {counted} of {self.sealed_stage.count}")
+        where = (
+            f"aggregator + {self.workers} decryption processes; batches of {batch_reports},"
+            f" {FORWARD_WINDOW} in flight"
+        )
+        self.add(Stage("aggregator: ingest + decrypt + count", counted, wall, cpu, where))
+
+    async def measure_end_to_end(self) -> Measured:
+        """Devices (pre-sealed) -> shuffler -> aggregator, from the first submit to the last count."""
+        say(self.config.progress, "end to end through the real services ...")
+        shuffler = benchkit.shuffler_process(
+            self.workdir / "shuffler-e2e",
+            self.aggregator.address,
+            max_batch_reports=self.config.batch_reports,
+            forward_deadline_s=600.0,
+        )
+        self.services.append(shuffler)
         try:
             await asyncio.to_thread(shuffler.start)
-            requests = benchkit.chunk_requests(
-                benchkit.report_elements(e2e_campaign.id, e2e_campaign.key_id, sealed_e2e.ciphertexts, 1),
-                config.request_reports,
-            )
-            baseline = await asyncio.to_thread(benchkit.scrape_counted, aggregator.metrics_port or 0)
-            shuffler_cpu, aggregator_cpu = shuffler.cpu_seconds(), aggregator.cpu_seconds()
-            submitted = await benchkit.submit_requests(shuffler.address, requests, config.concurrency)
-            await benchkit.flush_shuffler(shuffler.address)
-            answer, reached = await benchkit.wait_counted(
-                aggregator.address,
-                e2e_campaign.id,
-                submitted.acknowledged,
-                timeout_s=600,
-                metrics_port=aggregator.metrics_port,
-                baseline=baseline,
-            )
-            shuffler_cpu = shuffler.cpu_seconds() - shuffler_cpu
-            aggregator_cpu = aggregator.cpu_seconds() - aggregator_cpu
+            answer, wall, shuffler_cpu, aggregator_cpu = await self._submit_and_count(shuffler)
         finally:
             await asyncio.to_thread(shuffler.stop)
-        if answer.messages != sealed_e2e.count:
-            raise RuntimeError(f"end to end: {answer.messages} counted of {sealed_e2e.count} sealed")
-        e2e = Stage(
+        if answer.messages != self.sealed_e2e.count:
+            raise RuntimeError(f"end to end: {answer.messages} counted of {self.sealed_e2e.count} sealed")
+        stage = Stage(
             "end to end: first submit -> last counted",
             answer.messages,
-            reached - submitted.first_sent,
+            wall,
             shuffler_cpu + aggregator_cpu,
             "shuffler + aggregator processes",
-        ).finish(ceiling)
-        stages.append(e2e)
-    finally:
-        await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
-        for service in services:
+        )
+        self.add(stage)
+        return Measured(stage, shuffler_cpu, aggregator_cpu)
+
+    async def _submit_and_count(
+        self, shuffler: ServiceProcess
+    ) -> tuple[pb.QueryResponse, float, float, float]:
+        """Submit every e2e report, flush, wait for the count.
+
+        Returns (answer, wall seconds, shuffler CPU s, aggregator CPU s).
+        """
+        aggregator, sealed = self.aggregator, self.sealed_e2e
+        elements = benchkit.report_elements(sealed.campaign.id, sealed.campaign.key_id, sealed.ciphertexts, 1)
+        requests = benchkit.chunk_requests(elements, self.config.request_reports)
+        baseline = await asyncio.to_thread(benchkit.scrape_counted, aggregator.metrics_port or 0)
+        shuffler_cpu, aggregator_cpu = shuffler.cpu_seconds(), aggregator.cpu_seconds()
+        submitted = await benchkit.submit_requests(shuffler.address, requests, self.config.concurrency)
+        await benchkit.flush_shuffler(shuffler.address)
+        answer, reached = await benchkit.wait_counted(
+            aggregator.address,
+            sealed.campaign.id,
+            submitted.acknowledged,
+            timeout_s=600,
+            metrics_port=aggregator.metrics_port,
+            baseline=baseline,
+        )
+        return (
+            answer,
+            reached - submitted.first_sent,
+            shuffler.cpu_seconds() - shuffler_cpu,
+            aggregator.cpu_seconds() - aggregator_cpu,
+        )
+
+    async def stop(self) -> None:
+        """Stop the pool and every service started (safe to call whatever failed)."""
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.shutdown, True, cancel_futures=True)
+        for service in self.services:
             await asyncio.to_thread(service.stop)
 
-    # The ceiling again, with everything else stopped: the machine's best of the two is the
-    # ceiling every stage is compared with (a shared machine drifts within a run).
-    _say(config.progress, "measuring the ceiling again ...")
-    pool = await asyncio.to_thread(benchkit.start_pool, workers)
-    try:
-        again, _, _ = await asyncio.to_thread(measure_ceiling, pool, workers, config.ceiling_reports, 2)
-    finally:
-        await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
-    runs = [ceiling_stage.reports / ceiling_stage.seconds, again.reports / again.seconds]
-    if runs[1] > runs[0]:
-        stages[0] = again
-    ceiling = max(runs)
-    for stage in stages:
-        stage.finish(ceiling)
+    async def measure_ceiling_again(self) -> list[float]:
+        """The ceiling again with everything else stopped; the best of the two is the ceiling.
 
-    shuffler_us = shuffler_cpu / e2e.reports * 1e6
-    aggregator_us = aggregator_cpu / e2e.reports * 1e6
-    report.update(
-        {
-            "decrypt_ceiling_per_s": ceiling,
+        A shared machine drifts within a run: every stage is compared with the machine's best.
+        """
+        say(self.config.progress, "measuring the ceiling again ...")
+        pool = await asyncio.to_thread(benchkit.start_pool, self.workers)
+        try:
+            again, _, _ = await asyncio.to_thread(
+                measure_ceiling, pool, self.workers, self.config.ceiling_reports, 2
+            )
+        finally:
+            await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
+        runs = [self.ceiling, again.reports / again.seconds]
+        if runs[1] > runs[0]:
+            self.stages[0] = again
+        self.ceiling = max(runs)
+        for stage in self.stages:
+            stage.finish(self.ceiling)
+        return runs
+
+    def summary(self, runs: list[float], e2e: Measured) -> dict[str, Any]:
+        """The report's headline figures (the stages included)."""
+        shuffler_us = e2e.shuffler_cpu_s / e2e.stage.reports * 1e6
+        aggregator_us = e2e.aggregator_cpu_s / e2e.stage.reports * 1e6
+        return {
+            "decrypt_ceiling_per_s": self.ceiling,
             "decrypt_ceiling_runs_per_s": runs,
-            "decrypt_one_core_us": one_core.cpu_us_per_report,
-            "encrypt_per_s": encrypt.per_s,
-            "end_to_end_per_s": e2e.per_s,
-            "ratio_end_to_end_to_ceiling": e2e.ratio_to_ceiling,
+            "decrypt_one_core_us": self.stages[1].cpu_us_per_report,
+            "encrypt_per_s": self.stages[2].per_s,
+            "end_to_end_per_s": e2e.stage.per_s,
+            "ratio_end_to_end_to_ceiling": e2e.stage.ratio_to_ceiling,
             "shuffler_cpu_us_per_report": shuffler_us,
             "aggregator_cpu_us_per_report": aggregator_us,
             "shuffler_to_aggregator_cpu_ratio": shuffler_us / aggregator_us if aggregator_us else 0.0,
             "shuffler_cpu_target_ratio": SHUFFLER_CPU_TARGET,
-            "stages": [asdict(s) for s in stages],
+            "stages": [asdict(s) for s in self.stages],
         }
-    )
+
+
+async def _run(config: BenchConfig, workdir: Path) -> dict[str, Any]:
+    """Every measurement in order; the services are stopped before the ceiling is measured again."""
+    report: dict[str, Any] = {"machine": benchkit.machine(), "config": asdict(config)}
+    run = BenchRun(config, workdir)
+    say(config.progress, f"deniable bench: {run.workers} cores, {config.reports} reports per stage")
+    try:
+        await run.measure_ceiling()
+        await run.seal_reports()
+        await run.measure_shuffler()
+        await run.measure_aggregator()
+        e2e = await run.measure_end_to_end()
+    finally:
+        await run.stop()
+    runs = await run.measure_ceiling_again()
+    report.update(run.summary(runs, e2e))
     return report
 
 
@@ -591,8 +474,5 @@ def run_bench(config: BenchConfig, json_path: Path | None = None) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="deniable-bench-") as tmp:
         report = asyncio.run(_run(config, Path(tmp)))
     print(format_report(report))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(render.dumps(report) + "\n")
-        print(f"wrote {json_path}")
+    render.write_json(report, json_path)
     return report

@@ -30,7 +30,7 @@ from typing import Any, Final, cast
 import numpy as np
 import numpy.typing as npt
 
-from deniable.sim import benchkit, render
+from deniable.sim import benchkit, populations, render
 
 MECHANISMS: Final = ("grr", "oue", "olh")
 SPEEDUP_TARGET: Final = 10.0
@@ -260,7 +260,7 @@ def installed(library: str) -> str | None:
 
 def compare(config: LibraryConfig, progress: bool = True) -> dict[str, Any]:
     """Every mechanism, ours and each installed library; the report as a dict."""
-    values = benchkit.interleaved_population(benchkit.zipf_shares(config.domain), config.devices)
+    values = populations.interleaved_population(populations.zipf_shares(config.domain), config.devices)
     missing = {lib: why for lib in LIBRARIES if (why := installed(lib)) is not None}
     rows: list[Row] = []
     failures: dict[str, str] = {}
@@ -348,8 +348,5 @@ def run_comparison(
     """Run, print the table, write JSON if asked."""
     report = compare(config, progress)
     print(format_comparison(report))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(render.dumps(report) + "\n")
-        print(f"wrote {json_path}")
+    render.write_json(report, json_path)
     return report

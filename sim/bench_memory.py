@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from deniable.sim import benchkit, render
-from deniable.sim.bench import _campaign_request, ingest_batches, shuffled_batches, start_sink
-from deniable.sim.benchkit import ServiceProcess
+from deniable.sim import benchkit, populations, render
+from deniable.sim.benchkit import ServiceProcess, say
+from deniable.sim.sink import ingest_batches, shuffled_batches, start_sink
 
 SHUFFLER_LIMIT_MB: Final = 768.0
 """Stated bound: the shuffler's peak RSS while holding and permuting 1,000,000 reports."""
@@ -46,100 +46,100 @@ class MemoryConfig:
 
 
 async def _run(config: MemoryConfig, workdir: Path, progress: bool) -> dict[str, Any]:
-    from tqdm import tqdm
-
+    """Seal, measure the shuffler holding and permuting everything, then the aggregator ingesting it."""
     report: dict[str, Any] = {"machine": benchkit.machine(), "config": asdict(config)}
     pool = await asyncio.to_thread(benchkit.start_pool, config.workers)
-    aggregator = ServiceProcess(
-        "aggregator",
-        {"data_dir": workdir / "aggregator", "listen": "127.0.0.1:0", "decrypt_workers": config.workers},
-    )
+    aggregator = benchkit.aggregator_process(workdir / "aggregator", config.workers, metrics=False)
     try:
         await asyncio.to_thread(aggregator.start)
         baseline_aggregator = aggregator.peak_rss_mb()
-        campaign = await benchkit.create_campaign(
-            aggregator.address, _campaign_request("bench-memory", 1.0, min(1000, config.reports))
+        request = benchkit.bucket_campaign_request("bench-memory", 8, 1.0, min(1000, config.reports))
+        campaign = await benchkit.create_campaign(aggregator.address, request)
+        values = populations.interleaved_population(populations.zipf_shares(8), config.reports)
+        say(progress, f"sealing {config.reports:,} reports on {config.workers} cores ...")
+        sealed = await asyncio.to_thread(
+            benchkit.seal_with_bar, campaign, values, pool, config.workers, "seal", progress
         )
-        values = benchkit.interleaved_population(benchkit.zipf_shares(8), config.reports)
-        if progress:
-            print(f"sealing {config.reports:,} reports on {config.workers} cores ...", flush=True)
-        with tqdm(total=config.reports, desc="seal", unit="report", disable=not progress) as bar:
-            sealed = await asyncio.to_thread(
-                benchkit.seal_population, campaign, values, pool, config.workers, bar.update
-            )
         await asyncio.to_thread(pool.shutdown)
-
-        # The shuffler: hold everything, then one permutation over all of it.
-        if progress:
-            print("shuffler: holding, then permuting and forwarding every report ...", flush=True)
-        sink_server, sink, sink_address = await start_sink([campaign])
-        shuffler = ServiceProcess(
-            "shuffler",
-            {
-                "data_dir": workdir / "shuffler",
-                "upstream": sink_address,
-                "listen": "127.0.0.1:0",
-                "batch_interval_s": 3600.0,
-                "max_batch_reports": config.batch_reports,
-                "forward_deadline_s": 600.0,
-            },
-        )
-        try:
-            await asyncio.to_thread(shuffler.start)
-            baseline_shuffler = shuffler.peak_rss_mb()
-            elements = benchkit.report_elements(campaign.id, campaign.key_id, sealed.ciphertexts, 1)
-            submitted = await benchkit.submit_requests(shuffler.address, benchkit.chunk_requests(elements), 4)
-            del elements
-            holding = shuffler.peak_rss_mb()
-            started = time.perf_counter()
-            flushed = await benchkit.flush_shuffler(shuffler.address)
-            permute_s = time.perf_counter() - started
-            shuffler_peak = shuffler.peak_rss_mb()
-        finally:
-            usage = await asyncio.to_thread(shuffler.stop)
-            await sink_server.stop(None)
-        if flushed.reports_forwarded != submitted.acknowledged or sink.reports != submitted.acknowledged:
-            raise RuntimeError(f"shuffler forwarded {flushed.reports_forwarded} of {submitted.acknowledged}")
-        shuffler_peak = max(shuffler_peak, float(usage.get("peak_rss_mb", 0.0)))
-        report["shuffler"] = {
-            "reports": submitted.acknowledged,
-            "baseline_rss_mb": baseline_shuffler,
-            "rss_holding_mb": holding,
-            "peak_rss_mb": shuffler_peak,
-            "permute_forward_s": permute_s,
-            "batches": flushed.batches_forwarded,
-            "limit_mb": _scaled(SHUFFLER_LIMIT_MB, config.reports),
-        }
-
-        # The aggregator: every report as shuffled batches.
-        if progress:
-            print("aggregator: ingesting every report ...", flush=True)
+        say(progress, "shuffler: holding, then permuting and forwarding every report ...")
+        report["shuffler"] = await _measure_shuffler(config, workdir, sealed)
+        say(progress, "aggregator: ingesting every report ...")
         batches = shuffled_batches(sealed, config.batch_reports, "memory")
         del sealed
-        started = time.perf_counter()
-        counted = await ingest_batches(aggregator.address, batches)
-        ingest_s = time.perf_counter() - started
-        members = benchkit.process_tree(aggregator.pid)
-        workers = [benchkit.peak_rss_mb(pid) for pid in members if pid != aggregator.pid]
-        aggregator_peak = aggregator.peak_rss_mb()
-        report["aggregator"] = {
-            "reports": counted,
-            "baseline_rss_mb": baseline_aggregator,
-            "peak_rss_mb": aggregator_peak,
-            "worker_peak_rss_mb": workers,
-            "ingest_s": ingest_s,
-            "limit_mb": _scaled(AGGREGATOR_LIMIT_MB, config.reports),
-            "worker_limit_mb": WORKER_LIMIT_MB,
-        }
+        report["aggregator"] = await _measure_aggregator(config, aggregator, batches, baseline_aggregator)
     finally:
         await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
         await asyncio.to_thread(aggregator.stop)
-    shuffler_ok = report["shuffler"]["peak_rss_mb"] <= report["shuffler"]["limit_mb"]
-    aggregator_ok = report["aggregator"]["peak_rss_mb"] <= report["aggregator"]["limit_mb"] and all(
-        w <= WORKER_LIMIT_MB for w in report["aggregator"]["worker_peak_rss_mb"]
-    )
-    report["within_limits"] = {"shuffler": shuffler_ok, "aggregator": aggregator_ok}
+    report["within_limits"] = _within_limits(report)
     return report
+
+
+async def _measure_shuffler(config: MemoryConfig, workdir: Path, sealed: benchkit.Sealed) -> dict[str, Any]:
+    """The shuffler holds every report (no batching until told), then one permutation over all."""
+    campaign = sealed.campaign
+    sink_server, sink, sink_address = await start_sink([campaign])
+    shuffler = benchkit.shuffler_process(
+        workdir / "shuffler",
+        sink_address,
+        batch_interval_s=3600.0,
+        max_batch_reports=config.batch_reports,
+        forward_deadline_s=600.0,
+    )
+    try:
+        await asyncio.to_thread(shuffler.start)
+        baseline = shuffler.peak_rss_mb()
+        elements = benchkit.report_elements(campaign.id, campaign.key_id, sealed.ciphertexts, 1)
+        submitted = await benchkit.submit_requests(shuffler.address, benchkit.chunk_requests(elements), 4)
+        del elements
+        holding = shuffler.peak_rss_mb()
+        started = time.perf_counter()
+        flushed = await benchkit.flush_shuffler(shuffler.address)
+        permute_s = time.perf_counter() - started
+        peak = shuffler.peak_rss_mb()
+    finally:
+        usage = await asyncio.to_thread(shuffler.stop)
+        await sink_server.stop(None)
+    if flushed.reports_forwarded != submitted.acknowledged or sink.reports != submitted.acknowledged:
+        raise RuntimeError(f"shuffler forwarded {flushed.reports_forwarded} of {submitted.acknowledged}")
+    return {
+        "reports": submitted.acknowledged,
+        "baseline_rss_mb": baseline,
+        "rss_holding_mb": holding,
+        "peak_rss_mb": max(peak, float(usage.get("peak_rss_mb", 0.0))),
+        "permute_forward_s": permute_s,
+        "batches": flushed.batches_forwarded,
+        "limit_mb": _scaled(SHUFFLER_LIMIT_MB, config.reports),
+    }
+
+
+async def _measure_aggregator(
+    config: MemoryConfig, aggregator: ServiceProcess, batches: list[tuple[bytes, int]], baseline: float
+) -> dict[str, Any]:
+    """The aggregator ingests every report as shuffled batches; its and its workers' peak RSS."""
+    started = time.perf_counter()
+    counted = await ingest_batches(aggregator.address, batches)
+    ingest_s = time.perf_counter() - started
+    members = benchkit.process_tree(aggregator.pid)
+    workers = [benchkit.peak_rss_mb(pid) for pid in members if pid != aggregator.pid]
+    return {
+        "reports": counted,
+        "baseline_rss_mb": baseline,
+        "peak_rss_mb": aggregator.peak_rss_mb(),
+        "worker_peak_rss_mb": workers,
+        "ingest_s": ingest_s,
+        "limit_mb": _scaled(AGGREGATOR_LIMIT_MB, config.reports),
+        "worker_limit_mb": WORKER_LIMIT_MB,
+    }
+
+
+def _within_limits(report: dict[str, Any]) -> dict[str, bool]:
+    """Each service's verdict against its stated limits."""
+    shuffler, aggregator = report["shuffler"], report["aggregator"]
+    return {
+        "shuffler": shuffler["peak_rss_mb"] <= shuffler["limit_mb"],
+        "aggregator": aggregator["peak_rss_mb"] <= aggregator["limit_mb"]
+        and all(w <= WORKER_LIMIT_MB for w in aggregator["worker_peak_rss_mb"]),
+    }
 
 
 def _scaled(limit_mb: float, reports: int) -> float:
@@ -173,8 +173,5 @@ def run_memory(config: MemoryConfig, json_path: Path | None = None, progress: bo
     with tempfile.TemporaryDirectory(prefix="deniable-memory-") as tmp:
         report = asyncio.run(_run(config, Path(tmp), progress))
     print(format_memory(report))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(render.dumps(report) + "\n")
-        print(f"wrote {json_path}")
+    render.write_json(report, json_path)
     return report

@@ -8,7 +8,6 @@ A sample of devices is timed (the cost is per device, so the sample size only se
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from deniable.core.accounting.planner import central_laplace, device_cost, expec
 from deniable.core.campaigns import layout_for
 from deniable.core.crypto import KeyPair, open_report, seal_report
 from deniable.core.wire import Plaintext, decode, encode, new_report_id
+from deniable.sim import render
 
 CAMPAIGN = "bench-protocols"
 
@@ -112,8 +112,5 @@ def run_protocols(config: ProtocolConfig, json_path: Path | None = None) -> list
     rows = [_row(name, d, config, keys) for name in config.mechanisms for d in config.domains]
     print(format_rows(rows, config))
     data = [asdict(r) for r in rows]
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {json_path}")
+    render.write_json(data, json_path)
     return data

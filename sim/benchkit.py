@@ -275,6 +275,46 @@ def check_loopback(address: str) -> None:
         raise ValueError(f"{address}: load tests only run against loopback addresses (127.0.0.1, ::1)")
 
 
+def aggregator_process(data_dir: Path, workers: int, metrics: bool = True) -> ServiceProcess:
+    """An aggregator on a free loopback port with ``workers`` decryption processes (not started)."""
+    settings: dict[str, Any] = {"data_dir": data_dir, "listen": "127.0.0.1:0", "decrypt_workers": workers}
+    if metrics:
+        settings["metrics_port"] = 0
+    return ServiceProcess("aggregator", settings)
+
+
+def shuffler_process(data_dir: Path, upstream: str, **settings: Any) -> ServiceProcess:
+    """A shuffler on a free loopback port forwarding to ``upstream`` (not started)."""
+    return ServiceProcess(
+        "shuffler", {"data_dir": data_dir, "upstream": upstream, "listen": "127.0.0.1:0"} | settings
+    )
+
+
+def bucket_campaign_request(
+    campaign_id: str, buckets: int, epsilon0: float, n_min: int, purpose: str = "benchmark", **extra: Any
+) -> pb.CreateCampaignRequest:
+    """A categorical campaign over ``bucket-0`` .. ``bucket-{buckets-1}`` (GRR unless ``extra`` says)."""
+    request = pb.CreateCampaignRequest(
+        id=campaign_id,
+        question=f"Which of {buckets} buckets? ({purpose})",
+        kind=pb.CATEGORICAL,
+        labels=[f"bucket-{i}" for i in range(buckets)],
+        mechanism=pb.GRR,
+        epsilon0=epsilon0,
+        delta=1e-6,
+        n_min=n_min,
+    )
+    for name, value in extra.items():
+        setattr(request, name, value)
+    return request
+
+
+def say(progress: bool, text: str) -> None:
+    """A progress line, when asked for."""
+    if progress:
+        print(text, flush=True)
+
+
 # --- simulated devices: sealing on every core ---------------------------------------------------
 
 
@@ -362,6 +402,16 @@ def seal_population(
 
 
 # --- wire helpers ---------------------------------------------------------------------------------
+
+
+def seal_with_bar(
+    campaign: pb.Campaign, values: Any, pool: ProcessPoolExecutor, workers: int, desc: str, progress: bool
+) -> Sealed:
+    """``seal_population`` with a progress bar (blocking: call it in a thread)."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(values), desc=desc, unit="report", disable=not progress) as bar:
+        return seal_population(campaign, values, pool, workers, bar.update)
 
 
 def report_elements(
@@ -457,31 +507,8 @@ def chunk_requests(elements: Sequence[bytes], size: int = REQUEST_REPORTS) -> li
     ]
 
 
-def zipf_shares(buckets: int, exponent: float = 1.0) -> list[float]:
-    """Deterministic, skewed true shares over ``buckets`` categories (Zipf)."""
-    weights = 1.0 / np.arange(1, buckets + 1, dtype=np.float64) ** exponent
-    return [float(w) for w in weights / weights.sum()]
-
-
-def interleaved_population(shares: Sequence[float], devices: int) -> np.ndarray:
-    """``exact_population`` (counts as close to the shares as integers allow), spread out in order.
-
-    Devices are reordered by a fixed stride coprime to their number, so arrivals over time mix
-    every value (deterministic: no random generator involved).
-    """
-    from deniable.sim.demo import exact_population
-
-    values = exact_population(shares, devices)
-    if devices < 3:
-        return values
-    stride = int(devices * 0.6180339887) | 1
-    while np.gcd(stride, devices) != 1:
-        stride += 2
-    order = (np.arange(devices, dtype=np.int64) * stride) % devices
-    return values[order]
-
-
-def _channel(address: str) -> grpc.aio.Channel:
+def plaintext_channel(address: str) -> grpc.aio.Channel:
+    """A plaintext channel to a benchmark's service (they run ``insecure``, on loopback)."""
     from deniable.core.plumbing.service import insecure_channel
 
     return insecure_channel(address)
@@ -491,7 +518,7 @@ async def aggregator_query(address: str, campaign_id: str, binary: bool = False)
     """One Histogram (or BinarySum) query."""
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-    channel = _channel(address)
+    channel = plaintext_channel(address)
     try:
         stub = pb_grpc.AggregatorStub(channel)
         rpc = stub.BinarySum if binary else stub.Histogram
@@ -505,7 +532,7 @@ async def create_campaign(address: str, request: pb.CreateCampaignRequest) -> pb
     """CreateCampaign at the aggregator."""
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-    channel = _channel(address)
+    channel = plaintext_channel(address)
     try:
         created: pb.Campaign = await pb_grpc.AggregatorStub(channel).CreateCampaign(request, timeout=60)
         return created
@@ -517,7 +544,7 @@ async def flush_shuffler(address: str, campaign_id: str = "", below_n_min: bool 
     """Operator flush: batch and forward now."""
     from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-    channel = _channel(address)
+    channel = plaintext_channel(address)
     try:
         request = pb.FlushRequest(campaign_id=campaign_id, below_n_min=below_n_min)
         flushed: pb.FlushResponse = await pb_grpc.ShufflerStub(channel).Flush(request, timeout=600)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -21,19 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.client import GrpcTransport, Outbox, Reporter, Transport
+from deniable.client import Outbox, Transport
 from deniable.client.mqtt import MqttTransport
 from deniable.core.plumbing import mqtt
-from deniable.core.plumbing.certs import write_dev_certs
 from deniable.core.plumbing.mqtt import BrokerAddress
-from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
-from deniable.shuffler import ShufflerConfig, start_shuffler
 from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.sim import render
+from deniable.sim.local import LocalServices, local_services
+from deniable.sim.populations import exact_population
 from deniable.sim.render import answer_json, answer_table, plot_answers, privacy_line
 from deniable.v1 import deniable_pb2 as pb
-from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 LANGUAGES = ("English", "Spanish", "German", "French", "Japanese", "Portuguese", "Hindi", "Swahili")
 LANGUAGE_SHARES = (0.31, 0.20, 0.14, 0.11, 0.09, 0.07, 0.05, 0.03)
@@ -59,16 +55,6 @@ class DemoCampaign:
         return [int(count) for count in np.bincount(self.truth_values, minlength=cells)]
 
 
-def exact_population(shares: Sequence[float], devices: int) -> np.ndarray:
-    """True values for ``devices`` simulated devices, counts as close to ``shares`` as integers allow.
-
-    Devices are listed bucket by bucket; order carries no information past the shuffler.
-    """
-    counts = np.floor(np.asarray(shares) * devices).astype(int)
-    counts[0] += devices - int(counts.sum())
-    return np.repeat(np.arange(len(shares)), counts)
-
-
 def demo_campaigns(
     devices: int,
     epsilon0: float,
@@ -83,23 +69,9 @@ def demo_campaigns(
     instead). With ``target_epsilon`` the aggregator plans epsilon0 for n = ``devices`` (and the
     mechanism where none is given), and every device is shuffled in one batch.
     """
-    binary_mechanism: pb.Mechanism.ValueType = pb.BINARY_RR
-    histogram_mechanism: pb.Mechanism.ValueType = pb.GRR
-    if target_epsilon is not None:
-        binary_mechanism = histogram_mechanism = pb.MECHANISM_UNSPECIFIED
-    chosen_params: dict[str, float] = {}
-    if mechanism:
-        from deniable.core.accounting.planner import applicable
-
-        chosen = pb.Mechanism.Value(mechanism.upper())
-        chosen_params = _calibration_params(mechanism, devices, delta)
-        if applicable(mechanism, len(LANGUAGES), chosen_params, epsilon0) is None:
-            histogram_mechanism = chosen
-        elif applicable(mechanism, 2, chosen_params, epsilon0) is None:
-            binary_mechanism = chosen
-        else:
-            reason = applicable(mechanism, len(LANGUAGES), chosen_params, epsilon0)
-            raise ValueError(f"mechanism {mechanism!r} fits neither question of the demo: {reason}")
+    binary_mechanism, histogram_mechanism, chosen_params = _demo_mechanisms(
+        mechanism, epsilon0, devices, delta, planned=target_epsilon is not None
+    )
     binary = pb.CreateCampaignRequest(
         id="dark-mode",
         question="Is dark mode on?",
@@ -120,22 +92,54 @@ def demo_campaigns(
         n_min=n_min,
     )
     for request in (binary, histogram):
-        request.delta = delta
-        request.batch_target = devices  # the guarantee is planned for every device in one shuffle
-        if mechanism and request.mechanism == pb.Mechanism.Value(mechanism.upper()):
-            request.params.update(chosen_params)
-            if "expected_n" in chosen_params:  # shuffle-only: its guarantee is planned for one batch of all
-                domain = len(request.labels) or 2  # a binary request carries no labels
-                request.n_min = _one_batch_n_min(mechanism, domain, devices, chosen_params)
-        if target_epsilon is not None:
-            request.epsilon0 = 0.0
-            request.target_epsilon = target_epsilon
-            request.expected_n = devices
-            request.n_min = devices
+        _plan_for_one_batch(request, devices, delta, mechanism, chosen_params, target_epsilon)
     return [
         DemoCampaign(binary, exact_population((1 - DARK_MODE_SHARE, DARK_MODE_SHARE), devices)),
         DemoCampaign(histogram, exact_population(LANGUAGE_SHARES, devices)),
     ]
+
+
+def _demo_mechanisms(
+    mechanism: str | None, epsilon0: float, devices: int, delta: float, planned: bool
+) -> tuple[pb.Mechanism.ValueType, pb.Mechanism.ValueType, dict[str, float]]:
+    """(binary mechanism, histogram mechanism, calibration): ``mechanism`` on the question it fits."""
+    binary_mechanism: pb.Mechanism.ValueType = pb.MECHANISM_UNSPECIFIED if planned else pb.BINARY_RR
+    histogram_mechanism: pb.Mechanism.ValueType = pb.MECHANISM_UNSPECIFIED if planned else pb.GRR
+    if not mechanism:
+        return binary_mechanism, histogram_mechanism, {}
+    from deniable.core.accounting.planner import applicable
+
+    chosen = pb.Mechanism.Value(mechanism.upper())
+    params = _calibration_params(mechanism, devices, delta)
+    reason = applicable(mechanism, len(LANGUAGES), params, epsilon0)
+    if reason is None:
+        return binary_mechanism, chosen, params
+    if applicable(mechanism, 2, params, epsilon0) is None:
+        return chosen, histogram_mechanism, params
+    raise ValueError(f"mechanism {mechanism!r} fits neither question of the demo: {reason}")
+
+
+def _plan_for_one_batch(
+    request: pb.CreateCampaignRequest,
+    devices: int,
+    delta: float,
+    mechanism: str | None,
+    params: dict[str, float],
+    target_epsilon: float | None,
+) -> None:
+    """Every device in one shuffle: the batch target, the chosen mechanism's calibration, the target ε."""
+    request.delta = delta
+    request.batch_target = devices  # the guarantee is planned for every device in one shuffle
+    if mechanism and request.mechanism == pb.Mechanism.Value(mechanism.upper()):
+        request.params.update(params)
+        if "expected_n" in params:  # shuffle-only: its guarantee is planned for one batch of all
+            domain = len(request.labels) or 2  # a binary request carries no labels
+            request.n_min = _one_batch_n_min(mechanism, domain, devices, params)
+    if target_epsilon is not None:
+        request.epsilon0 = 0.0
+        request.target_epsilon = target_epsilon
+        request.expected_n = devices
+        request.n_min = devices
 
 
 def _one_batch_n_min(mechanism: str, domain: int, devices: int, params: dict[str, float]) -> int:
@@ -167,38 +171,6 @@ def _calibration_params(mechanism: str, devices: int, delta: float) -> dict[str,
     return {key: value for key, value in wanted.items() if key in accepted}
 
 
-def counting_budget_s(messages: int) -> float:
-    """Time the demo allows the aggregator to count ``messages``: a minute plus 1 ms a message,
-    several times what decryption takes on a loaded 2-core machine (replaces a fixed 120 s)."""
-    return 60.0 + messages / 1000
-
-
-async def _wait_counted(
-    stub: pb_grpc.AggregatorAsyncStub, campaign: DemoCampaign, progress: bool = False
-) -> pb.QueryResponse:
-    """Poll until the aggregator has counted every acknowledged message, for at most
-    ``counting_budget_s`` of them; with ``progress`` a line every 5 s says how far it got."""
-    started = time.monotonic()
-    deadline = started + counting_budget_s(campaign.acknowledged)
-    rpc = stub.BinarySum if campaign.request.kind == pb.BINARY else stub.Histogram
-    told = started
-    while True:
-        answer = await rpc(pb.QueryRequest(campaign_id=campaign.request.id), timeout=30)
-        # Acknowledgements count messages; multi-message mechanisms send several per device.
-        done = answer.messages + answer.rejected
-        if done >= campaign.acknowledged or time.monotonic() > deadline:
-            return answer
-        if progress and time.monotonic() - told >= 5:
-            told = time.monotonic()
-            print(
-                f"counting {campaign.request.id}: {done}/{campaign.acknowledged} messages counted,"
-                f" {answer.privacy.incomplete_releases} release(s) arriving, {told - started:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-        await asyncio.sleep(0.1)
-
-
 async def run_pipeline(
     devices: int,
     epsilon0: float,
@@ -219,81 +191,41 @@ async def run_pipeline(
     """
     n_min = max(1, min(1000, devices))
     campaigns = demo_campaigns(devices, epsilon0, mechanism, n_min, target_epsilon, delta)
-    certs = write_dev_certs(workdir / "certs")  # throwaway: a CA and a certificate per role
-    aggregator = await start_aggregator(
-        AggregatorConfig(
-            data_dir=workdir / "aggregator",
-            listen="127.0.0.1:0",
-            tls=ServerTls(certs.cert("aggregator"), certs.key("aggregator"), certs.ca),
-        )
-    )
-    try:
-        ingress = None if mqtt_broker is None else MqttIngressConfig(broker=mqtt_broker, prefix=mqtt_prefix)
-        shuffler = await start_shuffler(
-            ShufflerConfig(
-                data_dir=workdir / "shuffler",
-                upstream=aggregator.address,
-                listen="127.0.0.1:0",
-                mqtt=ingress,
-                tls=ServerTls(certs.cert("shuffler"), certs.key("shuffler"), certs.ca),
-                quota_per_source=0,  # every simulated device shares 127.0.0.1
-                # A 48 MiB chunk (~290k messages) takes the aggregator longer than the default 30 s
-                # to decrypt on a loaded machine; a call past its deadline is cancelled uncounted
-                # and retried (defaults run of multi_message_histogram: 4 chunks uncommitted for 6 min).
-                forward_deadline_s=600.0,
-            )
-        )
+    ingress = None if mqtt_broker is None else MqttIngressConfig(broker=mqtt_broker, prefix=mqtt_prefix)
+    async with local_services(workdir, ingress) as services:
+        for campaign in campaigns:  # planning takes a few seconds
+            campaign.created = await services.create_campaign(campaign.request)
+        transport = await _device_transport(services, mqtt_broker, mqtt_prefix, mqtt_insecure)
+        outbox = Outbox(workdir / "devices" / "outbox.db")
         try:
-            operator_tls = ClientTls(ca=certs.ca, cert=certs.cert("operator"), key=certs.key("operator"))
-            channel = open_channel(aggregator.address, operator_tls)
-            operator = pb_grpc.AggregatorStub(channel)
-            for campaign in campaigns:  # planning takes a few seconds
-                campaign.created = await operator.CreateCampaign(campaign.request, timeout=300)
-            # An app ships this key pinned; the demo reads it from the aggregator it just started.
-            keys = await operator.ListKeys(pb.ListKeysRequest(), timeout=30)
-            transport: Transport = GrpcTransport(shuffler.address, tls=ClientTls(ca=certs.ca))
-            if mqtt_broker is not None:
-                assert shuffler.mqtt is not None
-                await asyncio.wait_for(shuffler.mqtt.connected.wait(), 30)
-                await shuffler.mqtt.announce_now()  # do not wait for the periodic announcement
-                transport = MqttTransport(mqtt_broker, prefix=mqtt_prefix, insecure=mqtt_insecure)
-            outbox = Outbox(workdir / "devices" / "outbox.db")
-            try:
-                for campaign in campaigns:
-                    started = time.perf_counter()
-                    reporter = await Reporter.fetch(
-                        campaign.request.id, transport, outbox, aggregator_key=keys.signing_public_key
-                    )
-                    campaign.signing_key = keys.signing_public_key
-                    reporter.record_many(campaign.truth_values.tolist(), progress=progress)
-                    campaign.timings["randomise_seal_s"] = time.perf_counter() - started
-                    started = time.perf_counter()
-                    result = await reporter.send_pending(progress=progress)
-                    campaign.timings["send_s"] = time.perf_counter() - started
-                    campaign.acknowledged = result.acknowledged
-                    if result.pending or result.rejected:
-                        raise RuntimeError(
-                            f"{campaign.request.id}: {result.pending} reports still pending,"
-                            f" {result.rejected} rejected ({result.rejections})"
-                        )
-            finally:
-                outbox.close()
-                await transport.close()
-            started = time.perf_counter()
-            for campaign in campaigns:  # the window closes: the shuffler releases what it holds
-                await operator.CloseCampaign(
-                    pb.KeyCloseCampaignRequest(campaign_id=campaign.request.id), timeout=30
-                )
-                await shuffler.flush(campaign.request.id)
             for campaign in campaigns:
-                campaign.answer = await _wait_counted(operator, campaign, progress)
-                campaign.timings["flush_count_s"] = time.perf_counter() - started
-            await channel.close()
+                values = campaign.truth_values.tolist()
+                reported = await services.report(campaign.request.id, values, transport, outbox, progress)
+                campaign.signing_key = reported.signing_key
+                campaign.acknowledged = reported.acknowledged
+                campaign.timings.update(randomise_seal_s=reported.randomise_seal_s, send_s=reported.send_s)
         finally:
-            await shuffler.stop()
-    finally:
-        await aggregator.stop()
+            outbox.close()
+            await transport.close()
+        started = time.perf_counter()
+        for campaign in campaigns:  # the window closes: the shuffler releases what it holds
+            await services.close(campaign.request.id)
+        for campaign in campaigns:
+            campaign.answer = await services.wait_counted(campaign.request.id, progress)
+            campaign.timings["flush_count_s"] = time.perf_counter() - started
     return campaigns
+
+
+async def _device_transport(
+    services: LocalServices, broker: BrokerAddress | None, prefix: str, insecure: bool
+) -> Transport:
+    """gRPC to the shuffler, or (with a broker) MQTT once the shuffler has announced its campaigns there."""
+    if broker is None:
+        return services.device_transport()
+    assert services.shuffler.mqtt is not None
+    await asyncio.wait_for(services.shuffler.mqtt.connected.wait(), 30)
+    await services.shuffler.mqtt.announce_now()  # do not wait for the periodic announcement
+    return MqttTransport(broker, prefix=prefix, insecure=insecure)
 
 
 def demo_report(campaigns: Sequence[DemoCampaign]) -> dict[str, Any]:
@@ -402,7 +334,44 @@ def run_demo(
     if not 0 < delta < 1:
         raise ValueError("--delta must lie in (0, 1)")
     started = time.perf_counter()
-    print(
+    print(tls_line(mqtt_broker, mqtt_insecure))
+    with tempfile.TemporaryDirectory(prefix="deniable-demo-") as tmp:
+        pipeline = run_pipeline(
+            devices,
+            epsilon0,
+            workdir or Path(tmp),
+            mechanism,
+            progress,
+            target_epsilon,
+            delta,
+            mqtt_broker,
+            mqtt_prefix,
+            mqtt_insecure,
+        )
+        campaigns = asyncio.run(pipeline)
+    elapsed = time.perf_counter() - started
+    report = demo_report(campaigns)
+    report.update(
+        devices=devices,
+        elapsed_s=elapsed,
+        target_epsilon=target_epsilon,
+        signing_public_key=campaigns[0].signing_key.hex() if campaigns else "",
+    )
+    print(answers_text(campaigns, devices, elapsed))
+    print(comparison_text(report["campaigns"], target_epsilon))
+    render.write_json(report, json_path)
+    if plot_path is not None:
+        plot_answers(
+            [(c.request.question, c.answer, c.true_counts) for c in campaigns if c.answer is not None],
+            plot_path,
+        )
+        print(f"wrote {plot_path}")
+    return report
+
+
+def tls_line(mqtt_broker: BrokerAddress | None, mqtt_insecure: bool) -> str:
+    """What the demo says first: which links are encrypted and who verifies whom."""
+    return (
         "TLS on every link with throwaway certificates from a fresh development CA: devices verify the"
         " shuffler,\nthe shuffler and the operator authenticate to the aggregator with client certificates"
         + (
@@ -413,64 +382,37 @@ def run_demo(
             else "; devices verify the MQTT broker's certificate"
         )
     )
-    with tempfile.TemporaryDirectory(prefix="deniable-demo-") as tmp:
-        base = workdir or Path(tmp)
-        campaigns = asyncio.run(
-            run_pipeline(
-                devices,
-                epsilon0,
-                base,
-                mechanism,
-                progress,
-                target_epsilon,
-                delta,
-                mqtt_broker,
-                mqtt_prefix,
-                mqtt_insecure,
-            )
-        )
-    elapsed = time.perf_counter() - started
-    report = demo_report(campaigns)
-    report["devices"] = devices
-    report["elapsed_s"] = elapsed
-    report["target_epsilon"] = target_epsilon
-    report["signing_public_key"] = campaigns[0].signing_key.hex() if campaigns else ""
+
+
+def answers_text(campaigns: Sequence[DemoCampaign], devices: int, elapsed: float) -> str:
+    """Each campaign's table and privacy statement, the signing note, and how many counts lie in their CI."""
+    lines: list[str] = []
     inside = total = 0
     for campaign in campaigns:
         answer = campaign.answer
         assert answer is not None
-        print(f"\n{campaign.request.question}  [{campaign.request.id}, {report_mechanism(answer)}]")
-        print(answer_table(answer, campaign.true_counts))
         counted = f"n = {answer.n}"
         if answer.messages != answer.n:
             counted += f" ({answer.messages} messages)"
-        print(f"{counted} counted of {campaign.acknowledged} messages acknowledged;", end=" ")
-        print(f"{answer.rejected} rejected")
-        print("privacy: " + privacy_line(answer.privacy))
+        lines += [
+            f"\n{campaign.request.question}  [{campaign.request.id}, {report_mechanism(answer)}]",
+            answer_table(answer, campaign.true_counts),
+            f"{counted} counted of {campaign.acknowledged} messages acknowledged; {answer.rejected} rejected",
+            "privacy: " + privacy_line(answer.privacy),
+        ]
         for bucket, truth in zip(answer.buckets, campaign.true_counts, strict=True):
             total += 1
             inside += int(bucket.ci_low <= truth <= bucket.ci_high)
     if campaigns and all(c.signing_key for c in campaigns):
-        print(
+        lines.append(
             f"\ncampaigns signed: every device verified its campaign description against the pinned"
             f" aggregator signing key (Ed25519 {campaigns[0].signing_key.hex()[:16]}…) before sealing"
         )
-    print(
+    lines.append(
         f"\n{inside} of {total} true counts lie inside their 95% CI (* marks the others);"
         f" {devices} devices in {elapsed:.1f} s"
     )
-    print(comparison_text(report["campaigns"], target_epsilon))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(render.dumps(report) + "\n")
-        print(f"wrote {json_path}")
-    if plot_path is not None:
-        plot_answers(
-            [(c.request.question, c.answer, c.true_counts) for c in campaigns if c.answer is not None],
-            plot_path,
-        )
-        print(f"wrote {plot_path}")
-    return report
+    return "\n".join(lines)
 
 
 def report_mechanism(answer: pb.QueryResponse) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deniable.client.transport import RETRYABLE_CODES
-from deniable.sim import benchkit, render
+from deniable.sim import benchkit, populations, render
 from deniable.sim.benchkit import ServiceProcess
 from deniable.v1 import deniable_pb2 as pb
 
@@ -159,72 +159,98 @@ class Tracker:
     def __post_init__(self) -> None:
         self.acked_at = np.full(self.arrivals.size, np.nan)
 
+    def record(self, response: pb.SubmitReportsResponse, first: int, last: int, now: float) -> None:
+        """Reports [first, last) answered at ``now``: the refused ones by reason, the rest acknowledged."""
+        refused = {r.index for r in response.rejected}
+        for rejection in response.rejected:
+            self.rejections[pb.RejectReason.Name(rejection.reason)] += 1
+        acked = np.ones(last - first, dtype=bool)
+        if refused:
+            acked[[i for i in refused if i < last - first]] = False
+        self.acked_at[first:last][acked] = now
+        self.acknowledged += int(response.accepted)
+
+    def fail(self, reports: int) -> None:
+        """A request given up on (deadline passed, or not retryable)."""
+        self.failed_requests += 1
+        self.failed_reports += reports
+
+
+async def _submit_range(
+    submit: Any,
+    elements: list[bytes],
+    span: tuple[int, int],
+    tracker: Tracker,
+    deadline: float,
+    started: float,
+) -> bool:
+    """One request of reports [first, last): at most ``ATTEMPTS`` tries, each before the deadline."""
+    first, last = span
+    raw = b"".join(elements[first:last])
+    for attempt in range(ATTEMPTS):
+        tracker.attempts += 1
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            break
+        try:
+            response: pb.SubmitReportsResponse = await submit(raw, timeout=min(30.0, remaining))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in RETRYABLE_CODES and attempt + 1 < ATTEMPTS:
+                await asyncio.sleep(0.05 * 2**attempt)
+                continue
+            break
+        tracker.record(response, first, last, time.perf_counter() - started)
+        return True
+    tracker.fail(last - first)
+    return False
+
+
+async def _enqueue_due(
+    config: LoadConfig,
+    arrivals: FloatArray,
+    queue: asyncio.Queue[Any],
+    started: float,
+    deadline: float,
+    bar: Any,
+) -> int:
+    """Each tick, queue the reports now due, ``request_reports`` a request; returns how many were queued."""
+    sent = 0
+    while sent < arrivals.size and time.perf_counter() < deadline:
+        due = int(np.searchsorted(arrivals, time.perf_counter() - started, side="right"))
+        while sent < due:
+            last = min(due, sent + config.request_reports)
+            queue.put_nowait((sent, last))
+            sent = last
+        bar.set_postfix(queued=queue.qsize(), refresh=False)
+        await asyncio.sleep(config.tick_s)
+    return sent
+
 
 async def _drive(
     config: LoadConfig, address: str, elements: list[bytes], tracker: Tracker, deadline: float, bar: Any
 ) -> None:
     """Send reports as they become due; returns when all are answered or the deadline passes."""
-    arrivals = tracker.arrivals
-    total = arrivals.size
     queue: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
-    channel = benchkit._channel(address)
+    channel = benchkit.plaintext_channel(address)
     submit = benchkit.submit_callable(channel)
     started = time.perf_counter()
 
     async def sender() -> None:
-        while (item := await queue.get()) is not None:
-            first, last = item
-            raw = b"".join(elements[first:last])
-            for attempt in range(ATTEMPTS):
-                tracker.attempts += 1
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0:
-                    tracker.failed_requests += 1
-                    tracker.failed_reports += last - first
-                    break
-                try:
-                    response: pb.SubmitReportsResponse = await submit(raw, timeout=min(30.0, remaining))
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() in RETRYABLE_CODES and attempt + 1 < ATTEMPTS:
-                        await asyncio.sleep(0.05 * 2**attempt)
-                        continue
-                    tracker.failed_requests += 1
-                    tracker.failed_reports += last - first
-                    break
-                now = time.perf_counter() - started
-                refused = {r.index for r in response.rejected}
-                for rejection in response.rejected:
-                    tracker.rejections[pb.RejectReason.Name(rejection.reason)] += 1
-                acked = np.ones(last - first, dtype=bool)
-                if refused:
-                    acked[[i for i in refused if i < last - first]] = False
-                tracker.acked_at[first:last][acked] = now
-                tracker.acknowledged += int(response.accepted)
-                bar.update(last - first)
-                break
+        while (span := await queue.get()) is not None:
+            if await _submit_range(submit, elements, span, tracker, deadline, started):
+                bar.update(span[1] - span[0])
 
     senders = [asyncio.create_task(sender()) for _ in range(max(1, config.concurrency))]
     try:
-        sent = 0
-        while sent < total and time.perf_counter() < deadline:
-            due = int(np.searchsorted(arrivals, time.perf_counter() - started, side="right"))
-            while sent < due:
-                last = min(due, sent + config.request_reports)
-                queue.put_nowait((sent, last))
-                sent = last
-            bar.set_postfix(queued=queue.qsize(), refresh=False)
-            await asyncio.sleep(config.tick_s)
+        sent = await _enqueue_due(config, tracker.arrivals, queue, started, deadline, bar)
         for _ in senders:
             queue.put_nowait(None)
-        remaining = max(0.0, deadline - time.perf_counter())
-        done, pending = await asyncio.wait(senders, timeout=remaining)
+        done, pending = await asyncio.wait(senders, timeout=max(0.0, deadline - time.perf_counter()))
         for task in pending:
             task.cancel()
         for task in done:
             task.result()
-        unsent = total - sent
-        if unsent or pending:
-            tracker.failed_reports += unsent
+        tracker.failed_reports += tracker.arrivals.size - sent  # never queued: the deadline came first
     finally:
         for task in senders:
             task.cancel()
@@ -249,115 +275,123 @@ async def _watch_counted(metrics_port: int, tracker: Tracker, started: float, st
 
 
 def _campaign_request(config: LoadConfig) -> pb.CreateCampaignRequest:
+    """The load test's categorical campaign, released in batches of 50,000 (the rest at the end)."""
     from deniable.core import mechanisms
     from deniable.core.rng import default_rng
 
-    return pb.CreateCampaignRequest(
-        id=f"loadtest-{default_rng().bytes(4).hex()}",
-        question=f"Which of {config.buckets} buckets? (load test)",
-        kind=pb.CATEGORICAL,
-        labels=[f"bucket-{i}" for i in range(config.buckets)],
-        mechanism=mechanisms.proto_for_name(config.mechanism),  # type: ignore[arg-type]
-        epsilon0=config.epsilon0,
-        delta=1e-6,
-        n_min=min(1000, config.devices),
-        batch_target=min(50_000, config.devices),  # released in batches of 50,000 (the rest at the end)
+    return benchkit.bucket_campaign_request(
+        f"loadtest-{default_rng().bytes(4).hex()}",
+        config.buckets,
+        config.epsilon0,
+        min(1000, config.devices),
+        "load test",
+        mechanism=mechanisms.proto_for_name(config.mechanism),
+        batch_target=min(50_000, config.devices),
     )
 
 
-async def _run(config: LoadConfig, workdir: Path) -> dict[str, Any]:
+@dataclass
+class Deployment:
+    """Where the load goes: services started here (``services``), or a running deployment's addresses."""
+
+    shuffler: str
+    aggregator: str
+    services: list[ServiceProcess] = field(default_factory=list)
+    metrics_port: int | None = None
+
+
+async def _deployment(config: LoadConfig, workdir: Path, services: list[ServiceProcess]) -> Deployment:
+    """The deployment named in ``config``, or an aggregator and a shuffler started here (in ``services``)."""
+    if config.shuffler is not None and config.aggregator is not None:
+        return Deployment(config.shuffler, config.aggregator)
+    aggregator = benchkit.aggregator_process(workdir / "aggregator", config.workers)
+    services.append(aggregator)
+    await asyncio.to_thread(aggregator.start)
+    shuffler = benchkit.shuffler_process(workdir / "shuffler", aggregator.address)
+    services.append(shuffler)
+    await asyncio.to_thread(shuffler.start)
+    return Deployment(shuffler.address, aggregator.address, services, aggregator.metrics_port)
+
+
+async def _seal_devices(
+    config: LoadConfig, campaign: pb.Campaign, values: npt.NDArray[np.int64]
+) -> list[bytes]:
+    """Every device's report sealed on every core, as SubmitReports elements (one message per device)."""
+    pool = await asyncio.to_thread(benchkit.start_pool, config.workers)
+    try:
+        sealed = await asyncio.to_thread(
+            benchkit.seal_with_bar, campaign, values, pool, config.workers, "seal (devices)", config.progress
+        )
+    finally:
+        await asyncio.to_thread(pool.shutdown)
+    if sealed.count != config.devices:
+        raise ValueError(
+            f"mechanism {config.mechanism} sends several messages per device: not supported here"
+        )
+    return benchkit.report_elements(campaign.id, campaign.key_id, sealed.ciphertexts, 1)
+
+
+@dataclass
+class Sent:
+    """What sending and counting took: the final answer, and seconds from the first arrival."""
+
+    answer: pb.QueryResponse
+    send_s: float
+    counted_s: float
+
+
+async def _send_and_count(
+    config: LoadConfig, where: Deployment, campaign: pb.Campaign, elements: list[bytes], tracker: Tracker
+) -> Sent:
+    """Arrivals over the run, a flush, then a wait until the aggregator counted every acknowledged report."""
     from tqdm import tqdm
 
-    services: list[ServiceProcess] = []
-    metrics_port: int | None = None
+    grace = config.grace_s if config.grace_s is not None else max(60.0, config.duration_s)
+    started = time.perf_counter()
+    deadline = started + config.duration_s + grace
+    stop_watch = asyncio.Event()
+    watcher = None
+    if where.metrics_port is not None:
+        watcher = asyncio.create_task(_watch_counted(where.metrics_port, tracker, started, stop_watch))
     try:
-        if config.shuffler is None or config.aggregator is None:
-            aggregator = ServiceProcess(
-                "aggregator",
-                {
-                    "data_dir": workdir / "aggregator",
-                    "listen": "127.0.0.1:0",
-                    "decrypt_workers": config.workers,
-                    "metrics_port": 0,
-                },
-            )
-            services.append(aggregator)
-            await asyncio.to_thread(aggregator.start)
-            shuffler = ServiceProcess(
-                "shuffler",
-                {"data_dir": workdir / "shuffler", "upstream": aggregator.address, "listen": "127.0.0.1:0"},
-            )
-            services.append(shuffler)
-            await asyncio.to_thread(shuffler.start)
-            shuffler_address, aggregator_address = shuffler.address, aggregator.address
-            metrics_port = aggregator.metrics_port
-        else:
-            shuffler_address, aggregator_address = config.shuffler, config.aggregator
-        campaign = await benchkit.create_campaign(aggregator_address, _campaign_request(config))
-        shares = benchkit.zipf_shares(config.buckets)
-        values = benchkit.interleaved_population(shares, config.devices)
-        truth = np.bincount(values, minlength=config.buckets).astype(np.int64)
-
-        pool = await asyncio.to_thread(benchkit.start_pool, config.workers)
-        try:
-            with tqdm(
-                total=config.devices, desc="seal (devices)", unit="device", disable=not config.progress
-            ) as bar:
-                sealed = await asyncio.to_thread(
-                    benchkit.seal_population, campaign, values, pool, config.workers, bar.update
-                )
-        finally:
-            await asyncio.to_thread(pool.shutdown)
-        if sealed.count != config.devices:
-            raise ValueError(
-                f"mechanism {config.mechanism} sends several messages per device: not supported here"
-            )
-        elements = benchkit.report_elements(campaign.id, campaign.key_id, sealed.ciphertexts, 1)
-        del sealed
-
-        arrivals = arrival_times(config.pattern, config.devices, config.duration_s)
-        tracker = Tracker(arrivals)
-        grace = config.grace_s if config.grace_s is not None else max(60.0, config.duration_s)
-        cpu_before = [service.cpu_seconds() for service in services]
-        started = time.perf_counter()
-        deadline = started + config.duration_s + grace
-        stop_watch = asyncio.Event()
-        watcher = (
-            asyncio.create_task(_watch_counted(metrics_port, tracker, started, stop_watch))
-            if metrics_port is not None
-            else None
+        desc = f"send ({config.pattern})"
+        with tqdm(total=config.devices, desc=desc, unit="report", disable=not config.progress) as bar:
+            await _drive(config, where.shuffler, elements, tracker, deadline, bar)
+        sent_s = time.perf_counter() - started
+        await benchkit.flush_shuffler(where.shuffler, campaign.id)
+        answer, reached = await benchkit.wait_counted(
+            where.aggregator,
+            campaign.id,
+            tracker.acknowledged,
+            timeout_s=max(5.0, deadline - time.perf_counter()),
         )
-        try:
-            with tqdm(
-                total=config.devices,
-                desc=f"send ({config.pattern})",
-                unit="report",
-                disable=not config.progress,
-            ) as bar:
-                await _drive(config, shuffler_address, elements, tracker, deadline, bar)
-            sent_s = time.perf_counter() - started
-            await benchkit.flush_shuffler(shuffler_address, campaign.id)
-            answer, reached = await benchkit.wait_counted(
-                aggregator_address,
-                campaign.id,
-                tracker.acknowledged,
-                timeout_s=max(5.0, deadline - time.perf_counter()),
-            )
-        finally:
-            stop_watch.set()
-            if watcher is not None:
-                await watcher
-        counted_s = reached - started
+    finally:
+        stop_watch.set()
+        if watcher is not None:
+            await watcher
+    return Sent(answer, sent_s, reached - started)
+
+
+async def _run(config: LoadConfig, workdir: Path) -> dict[str, Any]:
+    """Deploy (or reach) the services, seal every device's report, send them as they arrive, summarise."""
+    services: list[ServiceProcess] = []
+    try:
+        where = await _deployment(config, workdir, services)
+        campaign = await benchkit.create_campaign(where.aggregator, _campaign_request(config))
+        values = populations.interleaved_population(populations.zipf_shares(config.buckets), config.devices)
+        truth = np.bincount(values, minlength=config.buckets).astype(np.int64)
+        elements = await _seal_devices(config, campaign, values)
+        tracker = Tracker(arrival_times(config.pattern, config.devices, config.duration_s))
+        cpu_before = [service.cpu_seconds() for service in services]
+        sent = await _send_and_count(config, where, campaign, elements, tracker)
         service_cpu = {
-            service.kind: after - before
-            for service, before, after in zip(
-                services, cpu_before, [s.cpu_seconds() for s in services], strict=True
-            )
+            service.kind: service.cpu_seconds() - before
+            for service, before in zip(services, cpu_before, strict=True)
         }
     finally:
         for service in reversed(services):
             await asyncio.to_thread(service.stop)
-    result = summarise(config, campaign, tracker, answer, truth, sent_s, counted_s)
+    result = summarise(config, campaign, tracker, sent.answer, truth, sent.send_s, sent.counted_s)
     result["service_cpu_s"] = service_cpu
     if service_cpu and tracker.acknowledged:
         result["service_cpu_us_per_report"] = {
@@ -382,6 +416,43 @@ def _rates(times: FloatArray, horizon: float) -> list[float]:
     return [float(c) / width for c in counts]
 
 
+def latency_percentiles(latency_ms: FloatArray) -> dict[str, float]:
+    """p50, p90, p99 and max acknowledgement latency ({} when nothing was acknowledged)."""
+    if not latency_ms.size:
+        return {}
+    return {f"p{q}": float(np.percentile(latency_ms, q)) for q in (50, 90, 99)} | {
+        "max": float(latency_ms.max())
+    }
+
+
+def accuracy(answer: pb.QueryResponse, truth: npt.NDArray[np.int64]) -> dict[str, Any]:
+    """Each bucket's estimate against its true count, and how many true counts lie inside their CI."""
+    buckets = [
+        {
+            "label": bucket.label,
+            "true_count": int(true_count),
+            "estimate": bucket.estimate,
+            "std_error": bucket.std_error,
+            "ci_low": bucket.ci_low,
+            "ci_high": bucket.ci_high,
+            "inside_ci": bucket.ci_low <= true_count <= bucket.ci_high,
+        }
+        for bucket, true_count in zip(answer.buckets, truth.tolist(), strict=True)
+    ]
+    errors = np.array([b["estimate"] - b["true_count"] for b in buckets])
+    standard = np.array(
+        [e / b["std_error"] if b["std_error"] else 0.0 for e, b in zip(errors, buckets, strict=True)]
+    )
+    return {
+        "buckets": buckets,
+        "inside_ci": sum(int(b["inside_ci"]) for b in buckets),
+        "confidence": answer.confidence,
+        "max_abs_error": float(np.abs(errors).max()) if errors.size else 0.0,
+        "rmse": float(np.sqrt(np.mean(errors**2))) if errors.size else 0.0,
+        "max_abs_standardised_error": float(np.abs(standard).max()) if standard.size else 0.0,
+    }
+
+
 def summarise(
     config: LoadConfig,
     campaign: pb.Campaign,
@@ -394,33 +465,7 @@ def summarise(
     """Everything the run measured, as a JSON-ready dict."""
     acked = np.isfinite(tracker.acked_at)
     latency_ms = (tracker.acked_at[acked] - tracker.arrivals[acked]) * 1000
-    percentiles = (
-        {f"p{q}": float(np.percentile(latency_ms, q)) for q in (50, 90, 99)}
-        | {"max": float(latency_ms.max())}
-        if latency_ms.size
-        else {}
-    )
     horizon = max(config.duration_s, sent_s)
-    buckets = []
-    inside = 0
-    for bucket, true_count in zip(answer.buckets, truth.tolist(), strict=True):
-        covered = bucket.ci_low <= true_count <= bucket.ci_high
-        inside += int(covered)
-        buckets.append(
-            {
-                "label": bucket.label,
-                "true_count": int(true_count),
-                "estimate": bucket.estimate,
-                "std_error": bucket.std_error,
-                "ci_low": bucket.ci_low,
-                "ci_high": bucket.ci_high,
-                "inside_ci": covered,
-            }
-        )
-    errors = np.array([b["estimate"] - b["true_count"] for b in buckets])
-    standard = np.array(
-        [e / b["std_error"] if b["std_error"] else 0.0 for e, b in zip(errors, buckets, strict=True)]
-    )
     return {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
         "campaign": campaign.id,
@@ -437,19 +482,12 @@ def summarise(
         "send_s": sent_s,
         "counted_after_s": counted_s,
         "acknowledged_per_s": tracker.acknowledged / sent_s if sent_s else 0.0,
-        "latency_ms": percentiles,
+        "latency_ms": latency_percentiles(latency_ms),
         "bin_s": bin_width(horizon),
         "offered_per_second": _rates(tracker.arrivals, horizon),
         "acknowledged_per_second": _rates(tracker.acked_at, horizon),
         "counted_series": tracker.counted_series,
-        "accuracy": {
-            "buckets": buckets,
-            "inside_ci": inside,
-            "confidence": answer.confidence,
-            "max_abs_error": float(np.abs(errors).max()) if errors.size else 0.0,
-            "rmse": float(np.sqrt(np.mean(errors**2))) if errors.size else 0.0,
-            "max_abs_standardised_error": float(np.abs(standard).max()) if standard.size else 0.0,
-        },
+        "accuracy": accuracy(answer, truth),
         "privacy": {
             "epsilon0": answer.privacy.epsilon0,
             "central_epsilon": answer.privacy.central_epsilon,
@@ -524,54 +562,43 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_plots(result: dict[str, Any], tracker_latency_ms: FloatArray, out_dir: Path) -> list[Path]:
-    """throughput.png, latency.png and estimates.png in ``out_dir``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def _plot_throughput(result: dict[str, Any], path: Path) -> None:
+    """Offered and acknowledged reports per second, and the cumulative acknowledged and counted."""
     import matplotlib.pyplot as plt
-
-    from deniable.sim.render import plot_answers
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
 
     fig, (rates, totals) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     offered, acked = result["offered_per_second"], result["acknowledged_per_second"]
     width = result["bin_s"]
-    starts = np.arange(len(offered)) * width
-    rates.step(starts, offered, where="post", label="offered (arrivals/s)", color="#999999")
+    rates.step(
+        np.arange(len(offered)) * width, offered, where="post", label="offered (arrivals/s)", color="#999999"
+    )
     rates.step(np.arange(len(acked)) * width, acked, where="post", label="acknowledged/s", color="#2166ac")
     rates.set_ylabel("reports per second")
     rates.set_title(f"{result['offered']:,} devices, {result['config']['pattern']} arrivals")
     rates.legend(loc="upper right", fontsize=8)
-    totals.plot(
-        np.arange(1, len(acked) + 1) * width,
-        np.cumsum(acked) * width,
-        label="acknowledged (cumulative)",
-        color="#2166ac",
-    )
+    ends = np.arange(1, len(acked) + 1) * width
+    totals.plot(ends, np.cumsum(acked) * width, label="acknowledged (cumulative)", color="#2166ac")
     series = result["counted_series"]
     if series:
+        label = "counted by the aggregator (cumulative)"
         totals.step(
-            [t for t, _ in series],
-            [c for _, c in series],
-            where="post",
-            label="counted by the aggregator (cumulative)",
-            color="#b2182b",
+            [t for t, _ in series], [c for _, c in series], where="post", label=label, color="#b2182b"
         )
     totals.set_xlabel("seconds since the first arrival")
     totals.set_ylabel("reports")
     totals.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    path = out_dir / "throughput.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    written.append(path)
+
+
+def _plot_latency(result: dict[str, Any], latency_ms: FloatArray, path: Path) -> None:
+    """The acknowledgement latency histogram with its percentiles marked."""
+    import matplotlib.pyplot as plt
 
     fig, axis = plt.subplots(figsize=(8, 4))
-    if tracker_latency_ms.size:
-        axis.hist(tracker_latency_ms, bins=60, color="#4393c3")
+    if latency_ms.size:
+        axis.hist(latency_ms, bins=60, color="#4393c3")
         for name, value in result["latency_ms"].items():
             axis.axvline(value, color="#b2182b", linestyle="--", linewidth=1)
             axis.annotate(name, (value, axis.get_ylim()[1] * 0.9), rotation=90, fontsize=8)
@@ -579,17 +606,27 @@ def write_plots(result: dict[str, Any], tracker_latency_ms: FloatArray, out_dir:
     axis.set_ylabel("reports")
     axis.set_title("latency distribution")
     fig.tight_layout()
-    path = out_dir / "latency.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    written.append(path)
 
+
+def write_plots(result: dict[str, Any], tracker_latency_ms: FloatArray, out_dir: Path) -> list[Path]:
+    """throughput.png, latency.png and estimates.png in ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from deniable.sim.render import plot_answers
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    throughput, latency, estimates = (
+        out_dir / name for name in ("throughput.png", "latency.png", "estimates.png")
+    )
+    _plot_throughput(result, throughput)
+    _plot_latency(result, tracker_latency_ms, latency)
     answer = pb.QueryResponse.FromString(bytes.fromhex(result["answer"]))
     truth = [b["true_count"] for b in result["accuracy"]["buckets"]]
-    path = out_dir / "estimates.png"
-    plot_answers([("load test: estimate vs truth", answer, truth)], path)
-    written.append(path)
-    return written
+    plot_answers([("load test: estimate vs truth", answer, truth)], estimates)
+    return [throughput, latency, estimates]
 
 
 def run_loadtest(config: LoadConfig) -> dict[str, Any]:
@@ -612,10 +649,7 @@ def run_loadtest(config: LoadConfig) -> dict[str, Any]:
     print(format_summary(result))
     for path in write_plots(result, latency, config.out_dir):
         print(f"wrote {path}")
-    if config.json_path is not None:
-        config.json_path.parent.mkdir(parents=True, exist_ok=True)
-        config.json_path.write_text(render.dumps(result) + "\n")
-        print(f"wrote {config.json_path}")
+    render.write_json(result, config.json_path)
     return result
 
 

@@ -242,3 +242,11 @@ def strict(data: Any) -> Any:
 def dumps(data: Any) -> str:
     """Strict, indented JSON (``allow_nan=False`` after ``strict``): what every CLI writes."""
     return json.dumps(strict(data), indent=2, allow_nan=False)
+
+
+def write_json(data: Any, path: Path | None) -> None:
+    """Strict, indented JSON at ``path`` (if any; folders made), and a line saying so."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dumps(data) + "\n")
+        print(f"wrote {path}")

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from deniable.admin.health import check
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.cli.cmd_health import check
-from deniable.cli.main import build_parser, main, secret_from_env, store_dsn
+from deniable.cli.main import build_parser, main
+from deniable.cli.options import secret_from_env, store_dsn
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.certs import DevCerts
 from deniable.core.plumbing.tls import ClientTls, ServerTls

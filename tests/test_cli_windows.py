@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deniable.cli.windows import parse_window
+from deniable.admin.windows import parse_window
 
 NOW = 1_800_000_000.0
 

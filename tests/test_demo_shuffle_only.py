@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deniable.cli.main import main
 
 
-def _histogram(out: Path) -> dict[str, object]:
+def _histogram(out: Path) -> dict[str, Any]:
     report = json.loads(out.read_text())
     (histogram,) = [c for c in report["campaigns"] if c["kind"] == "histogram"]
     assert isinstance(histogram, dict)

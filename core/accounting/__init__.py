@@ -1,20 +1,16 @@
-"""Privacy accounting: what central (epsilon, delta) shuffling n local reports gives."""
+"""Privacy accounting: what central (epsilon, delta) shuffling n local reports gives.
+
+The top of the privacy kernel (ADR 0027): the accountant, composition and the planner ask the
+mechanisms (``deniable.core.mechanisms``) which analyses of ``deniable.core.amplification`` hold.
+"""
 
 from deniable.core.accounting.accountant import (
     all_bounds,
     analyses_for,
     best_bound,
     best_delta,
+    central_guarantee,
     realised_probabilities,
-)
-from deniable.core.accounting.analyses import (
-    Analysis,
-    BinaryRRExact,
-    FMT21ClosedForm,
-    FMT21NumericalClones,
-    GRRBlanket,
-    GRRFullBlanket,
-    NotApplicable,
 )
 from deniable.core.accounting.composition import (
     Guarantee,
@@ -32,9 +28,17 @@ from deniable.core.accounting.planner import (
     largest_epsilon0,
     plan,
 )
-from deniable.core.accounting.shuffle import (
+from deniable.core.amplification.analyses import (
+    Analysis,
+    BinaryRRExact,
+    FMT21ClosedForm,
+    FMT21NumericalClones,
+    GRRBlanket,
+    GRRFullBlanket,
+    NotApplicable,
+)
+from deniable.core.amplification.shuffle import (
     AmplificationBound,
-    central_guarantee,
     fmt21_closed_form,
     fmt21_closed_form_applicable,
 )

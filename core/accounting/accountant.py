@@ -1,64 +1,65 @@
-"""The accountant: every analysis valid for the mechanism, and the tightest guarantee among them.
+"""The accountant: every analysis a mechanism declares valid, and the tightest guarantee among them.
 
-Generic analyses (FMT 2021 closed form and numerical clones) hold for any epsilon0-LDP randomiser;
-"binary_rr" and "grr" add the GRR privacy blanket and, for two values, the exact shuffled-count
-profile, evaluated at the mechanism's realised probabilities (its integer thresholds make the
-keep probability slightly below e^eps0 / (e^eps0 + k - 1)). Unknown mechanism names get the
-generic analyses only, which hold for every epsilon0-LDP randomiser.
+It names no mechanism (ADR 0027): a mechanism name is looked up in the registry and the class
+says which analyses hold (``LocalRandomiser.shuffle_analyses``): the generic ones (FMT 2021
+closed form and numerical clones) for any epsilon0-LDP randomiser, more where a mechanism has
+them. ``mechanism=None`` (or a name the registry does not know) gets the generic analyses only.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from fractions import Fraction
+from typing import Protocol, runtime_checkable
 
-from deniable.core.accounting.analyses import (
+from deniable.core import mechanisms
+from deniable.core.amplification import (
+    MAX_EPSILON0,
+    AmplificationBound,
     Analysis,
-    BinaryRRExact,
-    FMT21ClosedForm,
-    FMT21NumericalClones,
-    GRRBlanket,
-    GRRFullBlanket,
-    NotApplicable,
-    check_inputs,
-    is_amplified,
-    local_only,
+    DeclaredAnalyses,
+    generic_analyses,
+    tightest_bound,
+    tightest_delta,
 )
-from deniable.core.accounting.shuffle import LOCAL_ONLY, AmplificationBound
+from deniable.core.amplification import tightest as _tightest
+from deniable.core.amplification.analyses import check_inputs
 
-BINARY_RR = "binary_rr"
-GRR = "grr"
-# Beyond this e^eps0 overflows a float; shuffling cannot amplify such a randomiser anyway.
-MAX_EPSILON0 = 700.0
+__all__ = [
+    "MAX_EPSILON0",
+    "all_bounds",
+    "analyses_for",
+    "best_bound",
+    "best_delta",
+    "central_guarantee",
+    "clear_cache",
+    "realised_probabilities",
+]
+
+
+@runtime_checkable
+class _KeepsOrReplaces(Protocol):
+    """A randomiser that reports the true value w.p. keep and each other one w.p. other."""
+
+    keep_probability: Fraction
+    other_probability: Fraction
 
 
 def realised_probabilities(mechanism: str, epsilon0: float, domain_size: int) -> tuple[Fraction, Fraction]:
     """Exact (keep, other) probabilities of the registered randomiser with these parameters."""
-    from deniable.core.mechanisms.direct import (  # lazy: accounting stays importable alone
-        BinaryRandomisedResponse,
-        GeneralisedRandomisedResponse,
-    )
-
-    if mechanism == BINARY_RR:
-        rr = BinaryRandomisedResponse(epsilon0, domain_size)
-        return rr.keep_probability, rr.other_probability
-    if mechanism == GRR:
-        grr = GeneralisedRandomisedResponse(epsilon0, domain_size)
-        return grr.keep_probability, grr.other_probability
-    raise ValueError(f"no realised probabilities for mechanism {mechanism!r}")
+    randomiser = mechanisms.create(mechanism, epsilon0=epsilon0, domain_size=domain_size)
+    if not isinstance(randomiser, _KeepsOrReplaces):
+        raise ValueError(f"no realised probabilities for mechanism {mechanism!r}")
+    return randomiser.keep_probability, randomiser.other_probability
 
 
-def _normalise(mechanism: str | None, domain_size: int | None) -> tuple[str | None, int | None]:
-    if mechanism == BINARY_RR:
-        if domain_size not in (None, 2):
-            raise ValueError("binary_rr has a domain of exactly 2 values")
-        return mechanism, 2
-    if mechanism == GRR:
-        if domain_size is None or domain_size < 2:
-            raise ValueError("grr needs domain_size >= 2")
-        return mechanism, int(domain_size)
-    return mechanism, domain_size
+def _declared(epsilon0: float, n: int, mechanism: str | None, domain_size: int | None) -> DeclaredAnalyses:
+    """The mechanism's declaration of its analyses (domain checked now, analyses built on demand)."""
+    epsilon0, n = float(epsilon0), int(n)
+    if mechanism is None or mechanism not in mechanisms.names():  # unknown: what holds for any LDP
+        return lambda: generic_analyses(epsilon0, n)
+    randomiser = mechanisms.mechanism_class(mechanism)
+    domain = randomiser.accounting_domain(domain_size)
+    return lambda: randomiser.shuffle_analyses(epsilon0, n, domain)
 
 
 def analyses_for(
@@ -66,16 +67,7 @@ def analyses_for(
 ) -> list[Analysis]:
     """Every analysis valid for n shuffled reports of this mechanism (generic ones when None)."""
     check_inputs(epsilon0, n)
-    mechanism, domain_size = _normalise(mechanism, domain_size)
-    found: list[Analysis] = [FMT21ClosedForm(epsilon0, int(n)), FMT21NumericalClones(epsilon0, int(n))]
-    if mechanism in (BINARY_RR, GRR) and domain_size is not None:
-        keep, other = realised_probabilities(mechanism, epsilon0, domain_size)
-        found.append(GRRBlanket(epsilon0, int(n), domain_size, float(keep), float(other)))
-        if domain_size >= 3:
-            found.append(GRRFullBlanket(epsilon0, int(n), domain_size, float(keep), float(other)))
-        if domain_size == 2:
-            found.append(BinaryRRExact(epsilon0, int(n), float(keep)))
-    return found
+    return list(_declared(epsilon0, n, mechanism, domain_size)())
 
 
 def all_bounds(
@@ -99,42 +91,8 @@ def best_bound(
 ) -> AmplificationBound:
     """The smallest epsilon any valid analysis certifies at delta, naming it; never above epsilon0."""
     check_inputs(epsilon0, n, delta)
-    mechanism, domain_size = _normalise(mechanism, domain_size)
-    return _best_bound(float(epsilon0), int(n), float(delta), mechanism, domain_size)
-
-
-@functools.lru_cache(maxsize=4096)
-def _best_bound(
-    epsilon0: float, n: int, delta: float, mechanism: str | None, domain_size: int | None
-) -> AmplificationBound:
-    if n <= 1:
-        return local_only(epsilon0, f"n={n}: no other reports to hide among; the local guarantee holds")
-    if epsilon0 > MAX_EPSILON0:
-        return local_only(
-            epsilon0, f"epsilon0 > {MAX_EPSILON0:g}: e^epsilon0 overflows a float (no amplification)"
-        )
-    tried: list[str] = []
-    best: tuple[float, Analysis] | None = None
-    for analysis in analyses_for(epsilon0, n, mechanism, domain_size):
-        if best is not None and analysis.epsilon_floor(delta) >= best[0]:
-            tried.append(f"{analysis.name}: skipped (cannot beat {best[0]:.6g})")
-            continue
-        try:
-            epsilon = analysis.epsilon_for_delta(delta)
-        except NotApplicable as exc:
-            tried.append(f"{analysis.name}: not applicable ({exc})")
-            continue
-        detail = analysis.detail()
-        tried.append(f"{analysis.name}: {epsilon:.6g}" + (f" ({detail})" if detail else ""))
-        if best is None or epsilon < best[0]:
-            best = (epsilon, analysis)
-    summary = "; ".join(tried)
-    if best is None or not is_amplified(best[0], epsilon0):
-        return local_only(epsilon0, f"no analysis amplifies at n={n}, delta={delta:g} [{summary}]")
-    evaluated = getattr(best[1], "evaluated_n", n)
-    return AmplificationBound(
-        best[0], delta, best[1].name, True, f"tightest of: {summary}", evaluated if evaluated < n else 0
-    )
+    declared = _declared(epsilon0, n, mechanism, domain_size)
+    return tightest_bound(float(epsilon0), int(n), float(delta), declared)
 
 
 def best_delta(
@@ -145,26 +103,28 @@ def best_delta(
     domain_size: int | None = None,
 ) -> tuple[float, str]:
     """The privacy profile delta(epsilon) of n shuffled reports: the pointwise minimum of every
-    valid analysis's profile (each is an upper bound, so their minimum is one), and its name.
-
-    0 at or above epsilon0 (the local guarantee holds with delta = 0).
-    """
+    valid analysis's profile, and its name; 0 at or above epsilon0."""
     check_inputs(epsilon0, n)
-    if not (math.isfinite(epsilon) and epsilon >= 0):
-        raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
-    mechanism, domain_size = _normalise(mechanism, domain_size)
-    if epsilon >= epsilon0:
-        return 0.0, LOCAL_ONLY
-    best, name = 1.0, LOCAL_ONLY
-    if n <= 1 or epsilon0 > MAX_EPSILON0:
-        return best, name
-    for analysis in analyses_for(epsilon0, n, mechanism, domain_size):
-        delta = analysis.delta_for_epsilon(epsilon)
-        if delta < best:
-            best, name = delta, analysis.name
-    return best, name
+    declared = _declared(epsilon0, n, mechanism, domain_size)
+    return tightest_delta(epsilon0, n, epsilon, declared)
+
+
+def central_guarantee(
+    epsilon0: float,
+    n: int,
+    delta: float,
+    *,
+    mechanism: str | None = None,
+    domain_size: int | None = None,
+) -> AmplificationBound:
+    """The tightest valid central guarantee this accountant knows for n shuffled reports.
+
+    Generic analyses for any epsilon0-LDP randomiser when ``mechanism`` is None; a named mechanism
+    adds the analyses it declares. See ``best_bound``.
+    """
+    return best_bound(epsilon0, n, delta, mechanism=mechanism, domain_size=domain_size)
 
 
 def clear_cache() -> None:
     """Forget cached guarantees (tests, or after changing a mechanism's thresholds)."""
-    _best_bound.cache_clear()
+    _tightest.clear_cache()

@@ -10,10 +10,15 @@ same (epsilon, delta) uses replace-one neighbours, as the shuffle analyses do.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final
+
+from deniable.core import mechanisms as registry
+from deniable.core.accounting.accountant import best_bound
+from deniable.core.campaigns import layout_for
 
 if TYPE_CHECKING:
     import numpy as np
@@ -231,12 +236,10 @@ def applicable(
     name: str, domain_size: int, params: Mapping[str, float] | None = None, epsilon0: float = 1.0
 ) -> str | None:
     """None when the mechanism accepts this domain (at epsilon0 or 1), else the reason it does not."""
-    from deniable.core import mechanisms
-
     reason = None
     for trial in dict.fromkeys((min(epsilon0, MAX_PLANNED_EPSILON0), 1.0)):
         try:
-            mechanisms.create(name, epsilon0=trial, domain_size=domain_size, **dict(params or {}))
+            registry.create(name, epsilon0=trial, domain_size=domain_size, **dict(params or {}))
         except ValueError as exc:
             reason = reason or str(exc)
         else:
@@ -263,11 +266,9 @@ class _Search:
         """(meets the target, log gap, randomiser or None, bound or None)."""
         if epsilon0 in self.seen:
             return self.seen[epsilon0]
-        from deniable.core import mechanisms
-
         result: tuple[bool, float, Any, Any]
         try:
-            randomiser = mechanisms.create(self.name, epsilon0=epsilon0, domain_size=self.k, **self.params)
+            randomiser = registry.create(self.name, epsilon0=epsilon0, domain_size=self.k, **self.params)
             bound = randomiser.central_guarantee(self.n, self.delta)
         except ValueError as exc:
             self.refusal = str(exc)
@@ -377,8 +378,6 @@ def _freeze(params: Mapping[str, float] | None) -> tuple[tuple[str, float], ...]
 
 def _generic_start(target: float, delta: float, n: int, cap: float) -> float:
     """Largest epsilon0 the generic accountant (any epsilon0-LDP randomiser) certifies for the target."""
-    from deniable.core.accounting.accountant import best_bound
-
     seen: dict[float, tuple[bool, float]] = {}
 
     def generic(epsilon0: float) -> tuple[bool, float]:
@@ -398,15 +397,13 @@ def _generic_start(target: float, delta: float, n: int, cap: float) -> float:
 def _largest_epsilon0(
     name: str, target: float, delta: float, n: int, k: int, frozen: tuple[tuple[str, float], ...]
 ) -> Candidate:
-    from deniable.core import mechanisms
-
     reason = applicable(name, k, dict(frozen), target)
     if reason is not None:
         return Candidate(mechanism=name, feasible=False, note=f"not applicable: {reason}")
     search = _Search(name, target, delta, n, k, dict(frozen))
     cap = MAX_PLANNED_EPSILON0
     start = min(target, cap)
-    if not mechanisms.mechanism_class(name).local_privacy:
+    if not registry.mechanism_class(name).local_privacy:
         if search(start)[0]:  # shuffle-only: epsilon0 is the central target, not a local knob
             return _candidate(name, search, start, n, "shuffle-only protocol: epsilon0 is the central target")
     else:
@@ -456,8 +453,6 @@ def _candidate(name: str, search: _Search, epsilon0: float, n: int, note: str) -
 
 def device_cost(randomiser: Any) -> dict[str, float]:
     """Mean messages per device and the bytes they take sealed (fixed-length HPKE ciphertexts)."""
-    from deniable.core.campaigns import layout_for
-
     fixed = randomiser.messages_per_device
     messages = float(fixed if fixed is not None else getattr(randomiser, "expected_messages", 1.0))
     return {
@@ -481,8 +476,6 @@ def plan(
     mechanism parameters (only sensible with one mechanism); ``require_local_dp`` keeps only local
     randomisers (a device keeps epsilon0 whoever misbehaves). PlanningError when none qualifies.
     """
-    from deniable.core import mechanisms as registry
-
     _check_target(target_epsilon, delta, n, domain_size)
     names = list(mechanisms) if mechanisms is not None else registry.names()
     for name in names:
@@ -526,10 +519,8 @@ def parameter_sets(
     empty list from the hook means no parameters meet the target: it is returned as it is (the
     defaults are not tried) and ``best_configuration`` lists the mechanism as infeasible.
     """
-    from deniable.core import mechanisms
-
     context = context_parameters(name, n, delta)
-    hook = getattr(mechanisms.mechanism_class(name), "planning_parameters", None)
+    hook = getattr(registry.mechanism_class(name), "planning_parameters", None)
     if not callable(hook):
         return [context]
     return [
@@ -540,11 +531,7 @@ def parameter_sets(
 
 def context_parameters(name: str, n: int, delta: float) -> dict[str, float]:
     """``expected_n`` and ``delta`` for mechanisms whose constructor takes them (shuffle-only protocols)."""
-    import inspect
-
-    from deniable.core import mechanisms
-
-    accepted = inspect.signature(mechanisms.mechanism_class(name)).parameters
+    accepted = inspect.signature(registry.mechanism_class(name)).parameters
     context = {"expected_n": float(n), "delta": float(delta)}
     return {key: value for key, value in context.items() if key in accepted}
 

@@ -11,9 +11,9 @@ import math
 import time
 from collections.abc import Sequence
 
-from deniable.core.accounting import _binary_rr
 from deniable.core.accounting.accountant import best_bound, realised_probabilities
-from deniable.core.accounting.analyses import (
+from deniable.core.amplification import _binary_rr
+from deniable.core.amplification.analyses import (
     Analysis,
     BinaryRRExact,
     FMT21ClosedForm,
@@ -21,6 +21,11 @@ from deniable.core.accounting.analyses import (
     GRRBlanket,
     GRRFullBlanket,
 )
+
+# Which registered randomisers the table shows (options, not dispatch: any mechanism with
+# keep/other probabilities works): a two-value one and a k-value one.
+DEFAULT_BINARY = "binary_rr"
+DEFAULT_KARY = "grr"
 
 
 def _cell(analysis: Analysis, delta: float) -> str:
@@ -36,20 +41,27 @@ def _full_cell(analysis: GRRFullBlanket, delta: float) -> str:
 
 
 def rows(
-    epsilons: Sequence[float], ns: Sequence[int], delta: float, exact_budget: int, grr_k: int
+    epsilons: Sequence[float],
+    ns: Sequence[int],
+    delta: float,
+    exact_budget: int,
+    grr_k: int,
+    binary: str = DEFAULT_BINARY,
+    kary: str = DEFAULT_KARY,
 ) -> list[list[str]]:
-    """One row per (eps0, n): every analysis's epsilon at delta, and the accountant's pick."""
+    """One row per (eps0, n): every analysis's epsilon at delta, at the realised probabilities of
+    ``binary`` (2 values) and ``kary`` (grr_k values), and the accountant's pick for ``binary``."""
     table = []
     for eps0 in epsilons:
-        keep2, other2 = (float(x) for x in realised_probabilities("binary_rr", eps0, 2))
-        keep_k, other_k = (float(x) for x in realised_probabilities("grr", eps0, grr_k))
+        keep2, other2 = (float(x) for x in realised_probabilities(binary, eps0, 2))
+        keep_k, other_k = (float(x) for x in realised_probabilities(kary, eps0, grr_k))
         for n in ns:
             exact = BinaryRRExact(eps0, n, keep2, max_work=exact_budget)
             exact_cell = _cell(exact, delta)
             if exact.evaluated_n < n:
                 floor = _binary_rr.exact_epsilon(keep2, n, delta, band=0)
                 exact_cell = f"{exact_cell} (n'={exact.evaluated_n}); ≥ {floor:.4f}"
-            best = best_bound(eps0, n, delta, "binary_rr")
+            best = best_bound(eps0, n, delta, binary, 2)
             table.append(
                 [
                     f"{eps0:g}",
@@ -74,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6])
     parser.add_argument("--exact-budget", type=float, default=2e7)
     parser.add_argument("--grr-k", type=int, default=10)
+    parser.add_argument("--binary", default=DEFAULT_BINARY, help="two-value randomiser shown")
+    parser.add_argument("--kary", default=DEFAULT_KARY, help="k-value randomiser shown (k = --grr-k)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     header = [
@@ -85,9 +99,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"GRR full blanket k={args.grr_k}",
         "GRR blanket k=2",
         "binary RR exact",
-        "accountant, binary_rr",
+        f"accountant, {args.binary}",
     ]
-    body = rows(args.eps0, args.n, args.delta, math.ceil(args.exact_budget), args.grr_k)
+    body = rows(
+        args.eps0, args.n, args.delta, math.ceil(args.exact_budget), args.grr_k, args.binary, args.kary
+    )
     print(f"delta = {args.delta:g}")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

@@ -8,7 +8,6 @@ relabelled with another key id fails to open. A key's KEM follows from its raw l
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -19,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey, 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from deniable.core.crypto.keyfile import check_private_file
+from deniable.core.crypto.keyfile import check_private_file, write_private_file
 
 KEM_X25519: Final = "x25519"
 KEM_HYBRID: Final = "x25519-mlkem768"
@@ -185,14 +184,7 @@ class KeyPair:
 
     def save(self, path: Path) -> None:
         """Write the private key to ``path`` readable by its owner only (mode 0600)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, self.private_raw)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_private_file(path, self.private_raw)
 
     @classmethod
     def load(cls, path: Path, key_id: int, trusted_group: int | None = None) -> KeyPair:

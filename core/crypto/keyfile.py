@@ -1,4 +1,5 @@
-"""Which private-key files a service accepts: owner-only, or shared with a group named by the operator.
+"""Private-key files: written owner-only, and accepted only owner-only or shared with a group named
+by the operator.
 
 Kubernetes' fsGroup pass makes files on a volume group-readable (0640/0660) by the pod's fsGroup;
 an aggregator started with ``--key-group GID`` accepts exactly that group and nothing wider (ADR 0020).
@@ -45,3 +46,15 @@ def check_private_file(path: Path, what: str, trusted_group: int | None = None) 
     problem = exposure(info.st_mode, info.st_gid, trusted_group, own_groups())
     if problem is not None:
         raise PermissionError(f"{what} {path} {problem}")
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable by its owner only (mode 0600, even over an older file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -7,7 +7,6 @@ parameters. The signed bytes are specified in docs/security.md ("Campaign signat
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -15,7 +14,7 @@ from typing import Final
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from deniable.core.crypto.keyfile import check_private_file
+from deniable.core.crypto.keyfile import check_private_file, write_private_file
 from deniable.v1 import deniable_pb2 as pb
 
 SIGNATURE_DOMAIN: Final = b"deniable/v1/campaign-signature\x00"
@@ -92,14 +91,7 @@ class SigningKey:
 
     def save(self, path: Path) -> None:
         """Write the private key readable by its owner only (mode 0600)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, self.private_raw)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_private_file(path, self.private_raw)
 
     @classmethod
     def load(cls, path: Path, trusted_group: int | None = None) -> SigningKey:

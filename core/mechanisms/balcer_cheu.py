@@ -3,7 +3,7 @@
 Each device sends its bucket x and, for EVERY bucket j (its own included), one extra "noise"
 message j with probability p (close to 1), plus one constant presence message, so the aggregator
 knows n. The probability of NOT sending a noise message, 1 - p, is the smallest whose exact
-two-bucket profile (``accounting.protocols.balcer_cheu_exact_delta``) meets the central target at
+two-bucket profile (``amplification.protocols.balcer_cheu_exact_delta``) meets the central target at
 expected_n; the paper's 1 - p = 50 ln(2/delta_b) / (eps_b^2 n) is about 70x larger than needed
 and its theorem is kept as a cross-check (``theorem_guarantee``). Expected messages
 per device: 1 + d p + 1, about d + 2 for large d. Analyser (the paper's): with c_j the count of
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from deniable.core.accounting._binomial import FloatArray, chernoff_window, pmf_run
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification._binomial import FloatArray, chernoff_window, pmf_run
+from deniable.core.amplification.protocols import (
     GRID,
     GRID_BITS,
     balcer_cheu_exact_delta,
@@ -28,7 +28,7 @@ from deniable.core.accounting.protocols import (
     balcer_cheu_exact_guarantee,
     balcer_cheu_guarantee,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import Estimate, LocalRandomiser, Tally
 from deniable.core.mechanisms.exact import z_score
 from deniable.core.mechanisms.sample_threshold import (
@@ -168,12 +168,8 @@ class BalcerCheuHistogram(LocalRandomiser):
         return self._payloads(self._message_counts(np.array([int(value)]), rng or default_rng()))[0]
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
-        for value in values:
-            self.check_value(value)
-        array = np.asarray([int(v) for v in values], dtype=np.int64)
-        if array.size == 0:
-            return []
-        return self._payloads(self._message_counts(array, rng or default_rng()))
+        array = self.checked_values(values)
+        return self._payloads(self._message_counts(array, rng or default_rng())) if array.size else []
 
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:
         self.check_value(value)

@@ -17,6 +17,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, ClassVar
 
+from deniable.core.amplification import (
+    AmplificationBound,
+    Analysis,
+    generic_analyses,
+    tightest_bound,
+    tightest_delta,
+)
+from deniable.core.lazy import FloatArray as FloatArray
+from deniable.core.lazy import IntArray as IntArray
 from deniable.core.mechanisms.exact import z_score
 from deniable.core.rng import Csprng
 
@@ -26,14 +35,6 @@ if TYPE_CHECKING:
 else:
     from deniable.core.lazy import numpy as np
     from deniable.core.lazy import numpy_typing as npt
-
-if TYPE_CHECKING:
-    from deniable.core.accounting import AmplificationBound
-
-    IntArray = npt.NDArray[np.int64]
-    FloatArray = npt.NDArray[np.float64]
-else:  # annotations are not evaluated at run time; the names stay importable without numpy
-    IntArray = FloatArray = object
 
 
 class PayloadOutOfDomain(ValueError):
@@ -140,27 +141,42 @@ class LocalRandomiser(ABC):
         """How many devices the counted messages came from (one message each, by default)."""
         return messages
 
+    @classmethod
+    def accounting_domain(cls, domain_size: int | None) -> int | None:
+        """The domain size the accountant evaluates this mechanism at; ValueError where it needs
+        one it was not given (the generic analyses need none)."""
+        return domain_size
+
+    @classmethod
+    def shuffle_analyses(cls, epsilon0: float, n: int, domain_size: int | None) -> tuple[Analysis, ...]:
+        """The accountant's by-name entry: the analyses valid for this mechanism at these parameters.
+
+        By default the generic ones, valid for any epsilon0-LDP randomiser (they need no instance).
+        """
+        del domain_size
+        return generic_analyses(epsilon0, n)
+
+    def amplification_analyses(self, n: int) -> tuple[Analysis, ...]:
+        """The amplification analyses valid for n shuffled reports of this randomiser (ADR 0027):
+        the generic ones by default; randomisers with tighter analyses of their own add them."""
+        return generic_analyses(self.epsilon0, n)
+
     def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
         """Central (epsilon, delta) when n devices' outputs are shuffled together.
 
-        By default the accountant's tightest valid amplification bound for an epsilon0-LDP
-        randomiser (mechanism-specific analyses where it has them). Shuffle-only protocols
-        override this with their own analysis.
+        By default the tightest of this randomiser's ``amplification_analyses``. Shuffle-only
+        protocols override this with their own protocol analysis.
         """
-        from deniable.core.accounting import best_bound
-
-        return best_bound(self.epsilon0, n, delta, mechanism=self.name, domain_size=self.domain_size)
+        return tightest_bound(self.epsilon0, n, delta, lambda: self.amplification_analyses(n))
 
     def privacy_profile(self, n: int, epsilon: float) -> float:
         """delta(epsilon) of n devices' shuffled outputs: an upper bound on the hockey-stick
         divergence at e^epsilon over all neighbouring datasets (replace one device's value).
 
-        By default the pointwise minimum of the accountant's valid analyses for this randomiser
-        (0 at or above epsilon0). Shuffle-only protocols override it with their own analysis.
+        By default the pointwise minimum of this randomiser's ``amplification_analyses`` (0 at or
+        above epsilon0). Shuffle-only protocols override it with their own analysis.
         """
-        from deniable.core.accounting import best_delta
-
-        return best_delta(self.epsilon0, n, epsilon, mechanism=self.name, domain_size=self.domain_size)[0]
+        return tightest_delta(self.epsilon0, n, epsilon, lambda: self.amplification_analyses(n))[0]
 
     def parameters(self) -> dict[str, float]:
         """Parameters beyond epsilon0 and the domain, as stored in ``Campaign.params``."""
@@ -248,6 +264,13 @@ def payload_matrix(payloads: Sequence[bytes], width: int) -> tuple[IntArray, npt
         filler = bytes(width)
         joined = b"".join(p if ok else filler for p, ok in zip(payloads, lengths_ok.tolist(), strict=True))
     return np.frombuffer(joined, dtype=np.uint8).reshape(n, width).astype(np.int64), lengths_ok
+
+
+def split_rows(rows: npt.NDArray[np.uint8]) -> list[bytes]:
+    """One ``bytes`` per row of a uint8 matrix (a void view: no per-row Python slicing)."""
+    width = rows.shape[1]
+    split: list[bytes] = np.ascontiguousarray(rows).view(f"V{width}").ravel().tolist()
+    return split
 
 
 def big_endian(matrix: IntArray, start: int, stop: int) -> IntArray:

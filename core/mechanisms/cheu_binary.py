@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.protocols import (
     GRID,
     GRID_BITS,
     cheu_delta,
@@ -24,7 +24,7 @@ from deniable.core.accounting.protocols import (
     cheu_guarantee,
     cheu_local_epsilon,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification.shuffle import AmplificationBound
 from deniable.core.mechanisms.direct import DirectEncoding
 from deniable.core.mechanisms.sample_threshold import DEFAULT_DELTA, int_param, pack_many, probability_param
 from deniable.core.rng import Csprng, default_rng

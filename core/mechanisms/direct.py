@@ -15,6 +15,13 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
+from deniable.core.amplification import (
+    Analysis,
+    BinaryRRExact,
+    GRRBlanket,
+    GRRFullBlanket,
+    generic_analyses,
+)
 from deniable.core.mechanisms.base import (
     Estimate,
     FloatArray,
@@ -46,6 +53,28 @@ class DirectEncoding(LocalRandomiser):
 
     keep_probability: Fraction
     other_probability: Fraction
+
+    @classmethod
+    def accounting_domain(cls, domain_size: int | None) -> int:
+        if domain_size is None or domain_size < 2:
+            raise ValueError(f"{cls.name} needs domain_size >= 2")
+        return int(domain_size)
+
+    @classmethod
+    def shuffle_analyses(cls, epsilon0: float, n: int, domain_size: int | None) -> tuple[Analysis, ...]:
+        return cls(epsilon0, cls.accounting_domain(domain_size)).amplification_analyses(n)
+
+    def amplification_analyses(self, n: int) -> tuple[Analysis, ...]:
+        """The generic analyses, the GRR privacy blanket and, for k >= 3 values, the full blanket or,
+        for 2, the exact shuffled-count profile, all at the realised probabilities (the integer
+        thresholds keep p slightly below e^eps0 / (e^eps0 + k - 1))."""
+        k, keep, other = self.domain_size, float(self.keep_probability), float(self.other_probability)
+        found = [*generic_analyses(self.epsilon0, n), GRRBlanket(self.epsilon0, int(n), k, keep, other)]
+        if k >= 3:
+            found.append(GRRFullBlanket(self.epsilon0, int(n), k, keep, other))
+        if k == 2:
+            found.append(BinaryRRExact(self.epsilon0, int(n), keep))
+        return tuple(found)
 
     @property
     def payload_length(self) -> int:
@@ -117,6 +146,12 @@ class BinaryRandomisedResponse(DirectEncoding):
     name = "binary_rr"
     proto = pb.BINARY_RR
     summary = "binary randomised response: keep the bit w.p. e^eps0/(1+e^eps0), else flip it"
+
+    @classmethod
+    def accounting_domain(cls, domain_size: int | None) -> int:
+        if domain_size not in (None, 2):
+            raise ValueError("binary_rr has a domain of exactly 2 values")
+        return 2
 
     def __init__(self, epsilon0: float, domain_size: int = 2) -> None:
         if domain_size != 2:

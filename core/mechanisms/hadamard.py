@@ -25,6 +25,7 @@ from deniable.core.mechanisms.base import (
     big_endian,
     normal_estimates,
     payload_matrix,
+    split_rows,
     support_shift,
 )
 from deniable.core.mechanisms.exact import PROBABILITY_BITS, exp_lower_bound
@@ -33,10 +34,8 @@ from deniable.v1 import deniable_pb2 as pb
 
 if TYPE_CHECKING:
     import numpy as np
-    import numpy.typing as npt
 else:
     from deniable.core.lazy import numpy as np
-    from deniable.core.lazy import numpy_typing as npt
 
 MAX_DOMAIN = (1 << 24) - 1  # K <= 2**24 count cells
 MAX_EXACT_OUTPUTS = 1 << 16  # output_distribution enumerates K payloads
@@ -54,13 +53,6 @@ def walsh_hadamard(counts: Sequence[int] | IntArray) -> IntArray:
         a = np.stack((pairs[:, 0] + pairs[:, 1], pairs[:, 0] - pairs[:, 1]), axis=1).reshape(size)
         h *= 2
     return a
-
-
-def _split_rows(rows: npt.NDArray[np.uint8]) -> list[bytes]:
-    """One ``bytes`` per row of a uint8 matrix (a void view: no per-row Python slicing)."""
-    width = rows.shape[1]
-    split: list[bytes] = np.ascontiguousarray(rows).view(f"V{width}").ravel().tolist()
-    return split
 
 
 class HadamardResponse(LocalRandomiser):
@@ -136,7 +128,7 @@ class HadamardResponse(LocalRandomiser):
         rows = np.empty((n, width), dtype=np.uint8)
         for c in range(width):
             rows[:, c] = (index >> (8 * (width - 1 - c))) & 0xFF
-        return _split_rows(rows)
+        return split_rows(rows)
 
     def output_distribution(self, value: int) -> dict[bytes, Fraction]:
         self.check_value(value)

@@ -7,36 +7,33 @@ y_j - y'_j (y, y' ~ NB(1/expected_n, a), exact Polya draws from the CSPRNG), and
 noise; Ghazi, Golowich, Kumar, Pagh, Velingker EUROCRYPT 2021 sec. 1 for the per-bucket
 reduction). Plus one presence message, so the aggregator knows n. At expected_n devices every
 bucket's total noise is exactly discrete Laplace: central accuracy. A device sends d m + 1
-messages. Privacy: ``accounting.protocols.multi_histogram_delta``; docs/mechanisms/multi_message_histogram.md.
+messages. Privacy: ``amplification.protocols.multi_histogram_delta``;
+docs/mechanisms/multi_message_histogram.md.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.grid_search import climb_until_met, smallest_meeting
+from deniable.core.amplification.protocols import (
     GRID,
     grid_up,
     multi_histogram_delta,
     multi_histogram_guarantee,
     polya_law,
-    share_hiding_distance,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
-from deniable.core.mechanisms.base import Estimate, FloatArray, LocalRandomiser, Tally
-from deniable.core.mechanisms.multi_sum import MAX_MESSAGES, MAX_MODULUS, default_modulus
+from deniable.core.mechanisms.base import Estimate, FloatArray, Tally
 from deniable.core.mechanisms.sample_threshold import (
     DEFAULT_DELTA,
-    int_param,
     pack_many,
-    probability_param,
     unpack_many,
     width_for,
 )
+from deniable.core.mechanisms.split_and_mix import PolyaNoise, SplitAndMix
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
 
@@ -46,33 +43,10 @@ else:
     from deniable.core.lazy import numpy as np
 
 MAX_BUCKETS = 4096
-_SHARE_BUDGET = 0.1  # by default the two share-hiding terms may use a tenth of delta
 _HALF = 1 << 20  # share sums are tallied in two 20-bit halves (exact in float64 bincounts)
 
 
-def _delta(n: int, p: float, m: int, q: int, shares: int, epsilon: float) -> float:
-    return multi_histogram_delta(n, p, m, q, epsilon, shares)
-
-
-@functools.lru_cache(maxsize=128)
-def _profile_minimiser(n: int, p: float, m: int, q: int, shares: int) -> float:
-    """Where the falling noise term plus the rising share term is smallest: a 256-point scan of
-    [0, 40], then golden-section search around the best point."""
-    grid = [40 * j / 255 for j in range(256)]
-    values = [_delta(n, p, m, q, shares, eps) for eps in grid]
-    best = min(range(256), key=lambda j: (values[j], grid[j]))
-    lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, 255)]
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(60):
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if _delta(n, p, m, q, shares, a) <= _delta(n, p, m, q, shares, b):
-            hi = b
-        else:
-            lo = a
-    return lo
-
-
-class MultiMessageHistogram(LocalRandomiser):
+class MultiMessageHistogram(PolyaNoise, SplitAndMix):
     """Per bucket (1{x = j} + y_j - y'_j) mod q in m shares; one presence message per device."""
 
     name = "multi_message_histogram"
@@ -84,8 +58,9 @@ class MultiMessageHistogram(LocalRandomiser):
         "unbounded: one fake device can set every bucket's sum to any value mod q (split-and-mix shares"
         " are arbitrary residues, not range-checked), i.e. anywhere in [n/2 - q/2, n/2 + q/2)"
     )
-    multi_message = True
-    local_privacy = False
+    share_terms = 2  # the two changed buckets' shares
+    protocol_guarantee = staticmethod(multi_histogram_guarantee)
+    protocol_delta = staticmethod(multi_histogram_delta)
 
     def __init__(
         self,
@@ -101,98 +76,27 @@ class MultiMessageHistogram(LocalRandomiser):
         super().__init__(epsilon0, domain_size)
         if domain_size > MAX_BUCKETS:
             raise ValueError(f"multi_message_histogram supports at most {MAX_BUCKETS} buckets")
-        self.expected_n = int_param(expected_n, "expected_n", 2, 1 << 32)
-        self.delta = probability_param(delta, "delta")
-        self.modulus = (
-            default_modulus(self.expected_n)
-            if modulus is None
-            else int_param(modulus, "modulus", 3, MAX_MODULUS)
-        )
-        self.messages = (
-            self._fewest_messages() if messages is None else int_param(messages, "messages", 2, MAX_MESSAGES)
-        )
-        numerator = (
-            self._smallest_noise() if noise_probability is None else self._given_noise(noise_probability)
-        )
-        self.noise = Fraction(numerator, GRID)
-        if self.noise_alpha > 1 - 1e-6:
-            raise ValueError(f"noise_probability {float(self.noise):g} is too large for expected_n")
+        self._choose_parameters(expected_n, delta, messages, modulus, noise_probability)
+
+    @property
+    def shape_devices(self) -> int:
+        """Every bucket's noise is Polya with shape 1/expected_n."""
+        return self.expected_n
 
     # ----------------------------------------------------------------------- parameters
-
-    @staticmethod
-    def _given_noise(value: float) -> int:
-        p = Fraction(float(value))
-        if not 0 < p <= Fraction(1, 2):
-            raise ValueError(f"noise_probability must lie in (0, 1/2], got {value!r}")
-        return -((-p.numerator * GRID) // p.denominator)
-
-    def _fewest_messages(self) -> int:
-        budget = _SHARE_BUDGET * self.delta / (2 * (1 + math.exp(self.epsilon0)))
-        for m in range(2, MAX_MESSAGES + 1):
-            if share_hiding_distance(self.expected_n, m, self.modulus) <= budget:
-                return m
-        raise ValueError(f"no m <= {MAX_MESSAGES} hides the shares well enough for delta={self.delta:g}")
-
-    def _meets(self, numerator: int) -> bool:
-        bound = multi_histogram_guarantee(
-            self.expected_n, numerator / GRID, self.messages, self.modulus, self.delta, self.expected_n
-        )
-        return bound.amplified and bound.epsilon <= self.epsilon0
 
     def _smallest_noise(self) -> int:
         """Smallest p = g / 2**52 (to 1/128 relative) meeting epsilon0, searched from a = e^(-eps/2)."""
         target = -math.expm1(math.log(-math.expm1(-self.epsilon0 / 2)) / self.expected_n)
-        hi = grid_up(target)
-        while not self._meets(hi):
-            if hi >= GRID // 2:
-                raise ValueError(
-                    f"no Polya noise reaches epsilon0={self.epsilon0:g} at expected_n={self.expected_n}"
-                )
-            hi = min(GRID // 2, hi + max(1, hi >> 6))
+        hi = climb_until_met(self._meets, grid_up(target), GRID // 2)
+        if hi is None:
+            raise ValueError(
+                f"no Polya noise reaches epsilon0={self.epsilon0:g} at expected_n={self.expected_n}"
+            )
         lo = hi // 2
         while lo > 0 and self._meets(lo):
             hi, lo = lo, lo // 2
-        while hi - lo > max(1, hi >> 7):
-            mid = (lo + hi) // 2
-            if self._meets(mid):
-                hi = mid
-            else:
-                lo = mid
-        return hi
-
-    def parameters(self) -> dict[str, float]:
-        return {
-            "expected_n": float(self.expected_n),
-            "delta": self.delta,
-            "messages": float(self.messages),
-            "modulus": float(self.modulus),
-            "noise_probability": float(self.noise),
-        }
-
-    def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
-        """Exact two-bucket noise profile at the real n plus 2 (1 + e^eps) share distances."""
-        return multi_histogram_guarantee(
-            int(n), float(self.noise), self.messages, self.modulus, delta, self.expected_n
-        )
-
-    def privacy_profile(self, n: int, epsilon: float) -> float:
-        """delta(eps); the share term rises with eps, so beyond the sum's minimum the minimum holds."""
-        if int(n) < 1:
-            return 1.0
-        args = (int(n), float(self.noise), self.messages, self.modulus, self.expected_n)
-        return _delta(*args, min(epsilon, _profile_minimiser(*args)))
-
-    @property
-    def noise_alpha(self) -> float:
-        """a = 1 - (1 - p)^expected_n: each bucket's discrete Laplace ratio at expected_n."""
-        return -math.expm1(self.expected_n * math.log1p(-float(self.noise)))
-
-    @property
-    def noise_variance_per_device(self) -> float:
-        """Var[y - y'] = 2 a / (expected_n (1 - a)^2) per bucket."""
-        a = self.noise_alpha
-        return 2 * a / (self.expected_n * (1 - a) ** 2)
+        return smallest_meeting(self._meets, lo, hi)
 
     # ----------------------------------------------------------------------- messages
 

@@ -4,7 +4,7 @@ Each device adds its share of distributed noise, z = y - y', and splits v = (x +
 uniformly random additive shares in Z_q, each a separate message, plus one constant presence
 message. The aggregator sums all shares mod q and centres around n/2: the estimate S + W is
 exactly unbiased. epsilon0 is the central target at ``expected_n``; delta covers the noise
-profile and (1 + e^eps) times the share-hiding distance (``accounting.protocols``).
+profile and (1 + e^eps) times the share-hiding distance (``amplification.protocols``).
 
 Two noise laws, both sampled exactly from the CSPRNG:
 
@@ -17,7 +17,6 @@ Two noise laws, both sampled exactly from the CSPRNG:
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from abc import abstractmethod
@@ -25,24 +24,22 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, ClassVar
 
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.grid_search import climb_until_met, dyadic_bracket, smallest_meeting
+from deniable.core.amplification.protocols import (
     GRID,
     grid_up,
     multi_sum_delta,
     multi_sum_guarantee,
     polya_law,
-    share_hiding_distance,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
-from deniable.core.mechanisms.base import Estimate, FloatArray, LocalRandomiser, Tally, normal_estimates
+from deniable.core.mechanisms.base import Estimate, FloatArray, Tally, normal_estimates
 from deniable.core.mechanisms.sample_threshold import (
     DEFAULT_DELTA,
-    int_param,
     pack_many,
-    probability_param,
     unpack_many,
     width_for,
 )
+from deniable.core.mechanisms.split_and_mix import PolyaNoise, SplitAndMix
 from deniable.core.rng import Csprng, default_rng
 from deniable.v1 import deniable_pb2 as pb
 
@@ -52,48 +49,22 @@ else:
     from deniable.core.lazy import numpy as np
 
 PRESENCE, SHARE = 0, 1  # message tags
-MAX_MODULUS = 1 << 40  # per-batch share sums (< q) add up in 64-bit count cells
-MAX_MESSAGES = 64
 MAX_EXACT_OUTPUTS = 1 << 16
-_SHARE_BUDGET = 0.1  # by default the share-hiding term may use a tenth of delta
 
 
-def default_modulus(expected_n: int) -> int:
-    """2**ceil(log2(8 n + 4096)): room for 8x the expected devices plus the noise."""
-    return 1 << (8 * expected_n + 4096 - 1).bit_length()
-
-
-@functools.lru_cache(maxsize=128)
-def _profile_minimiser(n: int, p: float, m: int, q: int, shares: int) -> float:
-    """Where noise profile + (1 + e^eps) x distance is smallest (a falling plus a rising term):
-    a 256-point scan of [0, 40], then golden-section search around the best point."""
-    grid = [40 * j / 255 for j in range(256)]
-    values = [multi_sum_delta(n, p, m, q, eps, shares) for eps in grid]
-    best = min(range(256), key=lambda j: (values[j], grid[j]))
-    lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, 255)]
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(60):
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if multi_sum_delta(n, p, m, q, a, shares) <= multi_sum_delta(n, p, m, q, b, shares):
-            hi = b
-        else:
-            lo = a
-    return lo
-
-
-class SplitAndMixSum(LocalRandomiser):
+class SplitAndMixSum(SplitAndMix):
     """(x + y - y') mod q in m additive shares + a presence message; the sum is unbiased.
 
     Subclasses fix the noise law of y and y' (``_noise_draws``, ``polya_shares``, variance).
     """
 
-    multi_message = True
-    local_privacy = False
     polya_shares: ClassVar[bool] = False  # True: the noise shape is 1/expected_n
     manipulation_unbounded = (
         "unbounded: one fake device can set the sum to any value mod q (split-and-mix shares are"
         " arbitrary residues, not range-checked), i.e. anywhere in the decoding window [n/2 - q/2, n/2 + q/2)"
     )
+    protocol_guarantee = staticmethod(multi_sum_guarantee)
+    protocol_delta = staticmethod(multi_sum_delta)
 
     def __init__(
         self,
@@ -109,29 +80,7 @@ class SplitAndMixSum(LocalRandomiser):
         if domain_size != 2:
             raise ValueError(f"{self.name} sums bits: a domain of exactly 2 values")
         super().__init__(epsilon0, domain_size)
-        self.expected_n = int_param(expected_n, "expected_n", 2, 1 << 32)
-        self.delta = probability_param(delta, "delta")
-        self.modulus = (
-            default_modulus(self.expected_n)
-            if modulus is None
-            else int_param(modulus, "modulus", 3, MAX_MODULUS)
-        )
-        if messages is None:
-            self.messages = self._fewest_messages()
-        else:
-            self.messages = int_param(messages, "messages", 2, MAX_MESSAGES)
-        if noise_probability is None:
-            numerator = self._smallest_noise()
-        else:
-            p = Fraction(float(noise_probability))
-            if not 0 < p <= Fraction(1, 2):
-                raise ValueError(f"noise_probability must lie in (0, 1/2], got {noise_probability!r}")
-            numerator = -((-p.numerator * GRID) // p.denominator)
-        self.noise = Fraction(numerator, GRID)
-        self._check_noise()
-
-    def _check_noise(self) -> None:
-        """Subclasses refuse noise their law cannot use (the default accepts any p in (0, 1/2])."""
+        self._choose_parameters(expected_n, delta, messages, modulus, noise_probability)
 
     @property
     def shape_devices(self) -> int:
@@ -140,19 +89,6 @@ class SplitAndMixSum(LocalRandomiser):
 
     # ----------------------------------------------------------------------- parameters
 
-    def _fewest_messages(self) -> int:
-        budget = _SHARE_BUDGET * self.delta / (1 + math.exp(self.epsilon0))
-        for m in range(2, MAX_MESSAGES + 1):
-            if share_hiding_distance(self.expected_n, m, self.modulus) <= budget:
-                return m
-        raise ValueError(f"no m <= {MAX_MESSAGES} hides the shares well enough for delta={self.delta:g}")
-
-    def _meets(self, numerator: int) -> bool:
-        bound = multi_sum_guarantee(
-            self.expected_n, numerator / GRID, self.messages, self.modulus, self.delta, self.shape_devices
-        )
-        return bound.amplified and bound.epsilon <= self.epsilon0
-
     def _noise_bracket(self) -> tuple[int, int]:
         """Numerators lo < hi on the grid with _meets(hi) and not _meets(lo) (lo = 0: any p works)."""
         half = GRID // 2
@@ -160,54 +96,11 @@ class SplitAndMixSum(LocalRandomiser):
             raise ValueError(
                 f"even p = 1/2 does not reach epsilon0={self.epsilon0:g} at expected_n={self.expected_n}"
             )
-        if self._meets(1):
-            return 0, 1
-        lo_e, hi_e = 0, GRID.bit_length() - 2  # 2**hi_e = 1/2 meets the target
-        while hi_e - lo_e > 1:
-            mid = (lo_e + hi_e) // 2
-            if self._meets(1 << mid):
-                hi_e = mid
-            else:
-                lo_e = mid
-        return 1 << lo_e, 1 << hi_e
+        return dyadic_bracket(self._meets, GRID.bit_length() - 2)  # 2**51 = 1/2 meets the target
 
     def _smallest_noise(self) -> int:
         """Smallest p = g / 2**52 (to 1/128 relative) whose guarantee at expected_n meets epsilon0."""
-        lo, hi = self._noise_bracket()
-        while hi - lo > max(1, hi >> 7):
-            mid = (lo + hi) // 2
-            if self._meets(mid):
-                hi = mid
-            else:
-                lo = mid
-        return hi
-
-    def parameters(self) -> dict[str, float]:
-        return {
-            "expected_n": float(self.expected_n),
-            "delta": self.delta,
-            "messages": float(self.messages),
-            "modulus": float(self.modulus),
-            "noise_probability": float(self.noise),
-        }
-
-    def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
-        """Noise profile at the real n plus (1 + e^eps) x the split-and-mix distance."""
-        return multi_sum_guarantee(
-            int(n), float(self.noise), self.messages, self.modulus, delta, self.shape_devices
-        )
-
-    def privacy_profile(self, n: int, epsilon: float) -> float:
-        """Noise profile at the real n plus (1 + e^eps) x the split-and-mix distance.
-
-        That sum rises with eps once the noise term is spent; the true profile cannot, so beyond
-        the sum's minimiser eps* the value at eps* is returned (it holds for every larger eps).
-        """
-        if int(n) < 1:
-            return 1.0
-        args = (int(n), float(self.noise), self.messages, self.modulus)
-        turn = _profile_minimiser(*args, self.shape_devices)
-        return multi_sum_delta(*args, min(epsilon, turn), self.shape_devices)
+        return smallest_meeting(self._meets, *self._noise_bracket())
 
     @property
     @abstractmethod
@@ -266,12 +159,8 @@ class SplitAndMixSum(LocalRandomiser):
         return self._payloads(self._share(np.array([int(value)], dtype=np.int64), rng or default_rng()))[0]
 
     def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
-        for value in values:
-            self.check_value(value)
-        array = np.asarray([int(v) for v in values], dtype=np.int64)
-        if array.size == 0:
-            return []
-        return self._payloads(self._share(array, rng or default_rng()))
+        array = self.checked_values(values)
+        return self._payloads(self._share(array, rng or default_rng())) if array.size else []
 
     def _noise_law(self) -> dict[int, Fraction]:
         """Exact law of z = y - y' when it has finite support (ValueError otherwise)."""
@@ -349,7 +238,7 @@ class SplitAndMixSum(LocalRandomiser):
         return np.full(len(true_counts), n * self.noise_variance_per_device, dtype=np.float64)
 
 
-class MultiMessageSum(SplitAndMixSum):
+class MultiMessageSum(PolyaNoise, SplitAndMixSum):
     """Polya noise: y, y' ~ NB(1/expected_n, a); expected_n devices add up to discrete Laplace."""
 
     name = "multi_message_sum"
@@ -357,34 +246,16 @@ class MultiMessageSum(SplitAndMixSum):
     summary = "multi-message sum: x + Polya noise in m shares mod q; central (discrete Laplace) accuracy"
     polya_shares = True
 
-    def _check_noise(self) -> None:
-        """Refuse noise so large that a rounds to 1 (a total epsilon below 1e-6)."""
-        if self.noise_alpha > 1 - 1e-6:
-            raise ValueError(f"noise_probability {float(self.noise):g} is too large for expected_n")
-
     def _noise_bracket(self) -> tuple[int, int]:
         """Around the closed form: a = 1 - (1 - p)^N >= e^-epsilon0 makes the total ln(1/a)-DP."""
         target = -math.expm1(math.log(-math.expm1(-self.epsilon0)) / self.expected_n)
-        hi = grid_up(target)
-        while not self._meets(hi):
-            if hi >= GRID // 2:
-                raise ValueError(f"no Polya noise reaches epsilon0={self.epsilon0:g}")
-            hi = min(GRID // 2, hi + max(1, hi >> 6))
+        hi = climb_until_met(self._meets, grid_up(target), GRID // 2)
+        if hi is None:
+            raise ValueError(f"no Polya noise reaches epsilon0={self.epsilon0:g}")
         lo = hi // 2
         while lo > 0 and self._meets(lo):
             lo //= 2
         return lo, hi
-
-    @property
-    def noise_alpha(self) -> float:
-        """a = 1 - (1 - p)^expected_n: the discrete Laplace ratio of the total at expected_n."""
-        return -math.expm1(self.expected_n * math.log1p(-float(self.noise)))
-
-    @property
-    def noise_variance_per_device(self) -> float:
-        """Var[y - y'] = 2 a / (expected_n (1 - a)^2) (NB(r, a) has variance r a / (1 - a)^2)."""
-        a = self.noise_alpha
-        return 2 * a / (self.expected_n * (1 - a) ** 2)
 
     def _noise_draws(self, count: int, rng: Csprng) -> np.ndarray:
         return rng.polya_many(self.noise, self.expected_n, count)

@@ -27,6 +27,7 @@ from deniable.core.mechanisms.base import (
     big_endian,
     normal_estimates,
     payload_matrix,
+    split_rows,
     support_shift,
 )
 from deniable.core.mechanisms.exact import exp_lower_bound
@@ -78,13 +79,6 @@ def least_prime_power_at_least(n: int) -> int:
     while prime_power(m) is None:
         m += 1
     return m
-
-
-def _split_rows(rows: npt.NDArray[np.uint8]) -> list[bytes]:
-    """One ``bytes`` per row of a uint8 matrix (a void view: no per-row Python slicing)."""
-    width = rows.shape[1]
-    split: list[bytes] = np.ascontiguousarray(rows).view(f"V{width}").ravel().tolist()
-    return split
 
 
 def _poly_mul_mod(a: list[int], b: list[int], coeffs: list[int], p: int) -> list[int]:
@@ -409,7 +403,7 @@ class OptimisedLocalHashing(LocalRandomiser):
             rows[:, c] = (seeds >> (8 * (self._seed_bytes - 1 - c))) & 0xFF
         for c in range(self._bucket_bytes):
             rows[:, self._seed_bytes + c] = (chosen >> (8 * (self._bucket_bytes - 1 - c))) & 0xFF
-        return _split_rows(rows)
+        return split_rows(rows)
 
     # ------------------------------------------------------------------ auditors
 

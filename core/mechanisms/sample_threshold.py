@@ -4,7 +4,7 @@ Each device takes part with probability s (exact Bernoulli from the CSPRNG) and 
 TRUE value; a device that does not take part sends the constant null message (value d), so every
 device sends exactly one message. The aggregator counts c_j per bucket and releases
 x_j = c_j / s when c_j > tau, else 0 (suppressed). Not locally private: epsilon0 is the central
-target, met by the released histogram (see ``accounting.protocols.sample_threshold_guarantee``);
+target, met by the released histogram (see ``amplification.protocols.sample_threshold_guarantee``);
 the aggregator itself sees the raw sampled counts and is trusted to threshold them.
 ``planning_parameters`` proposes (s, tau) pairs meeting a central target for the planner to rank.
 Shared message helpers for the other shuffle-only protocols live here too.
@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
-from deniable.core.accounting._binomial import log_pmf
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification._binomial import log_pmf
+from deniable.core.amplification.protocols import (
     sample_threshold_add_delta,
     sample_threshold_delta,
     sample_threshold_guarantee,
 )
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import (
     Estimate,
     FloatArray,

@@ -13,7 +13,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from deniable.cli.main import main, spool_store_dsn
+from deniable.cli.main import main
+from deniable.cli.options import spool_store_dsn
 from deniable.core.errors import ConfigurationError
 from deniable.core.rng import default_rng
 from deniable.shuffler.columns import parse_batch_wire

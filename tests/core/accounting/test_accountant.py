@@ -20,7 +20,7 @@ from deniable.core.accounting import (
     central_guarantee,
 )
 from deniable.core.accounting.accountant import clear_cache
-from deniable.core.accounting.shuffle import LOCAL_ONLY
+from deniable.core.amplification.shuffle import LOCAL_ONLY
 
 
 def by_type(eps0: float, n: int, mechanism: str | None = None, k: int | None = None) -> dict[type, object]:

@@ -14,8 +14,8 @@ import pytest
 from scipy.stats import binom
 
 from deniable.core.accounting import BinaryRRExact
-from deniable.core.accounting._binary_rr import exact_delta, exact_epsilon, grid_delta, grid_epsilon
-from deniable.core.accounting.analyses import GRID_TOLERANCE
+from deniable.core.amplification._binary_rr import exact_delta, exact_epsilon, grid_delta, grid_epsilon
+from deniable.core.amplification.analyses import GRID_TOLERANCE
 
 
 def divergence(keep: float, ones: int, zeros: int, eps: float) -> float:
@@ -88,7 +88,7 @@ def test_search_bounds_the_exhaustive_profile(eps0: float, n: int) -> None:
 def test_mutant_search_without_conversion_claims_too_little() -> None:
     """Bounding each interval by its left end alone (no converted users) undershoots the exact eps
     at some setting: the reduction is what makes the search valid."""
-    import deniable.core.accounting._binary_rr as module
+    import deniable.core.amplification._binary_rr as module
 
     keep = math.exp(2.0) / (1 + math.exp(2.0))
     exhaustive = exact_epsilon(keep, 1000, 1e-6)

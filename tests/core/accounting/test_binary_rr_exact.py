@@ -11,8 +11,8 @@ import pytest
 from scipy.stats import binom
 
 from deniable.core.accounting import BinaryRRExact, realised_probabilities
-from deniable.core.accounting._binary_rr import exact_delta, exact_epsilon
-from deniable.core.accounting.analyses import GRID_TOLERANCE
+from deniable.core.amplification._binary_rr import exact_delta, exact_epsilon
+from deniable.core.amplification.analyses import GRID_TOLERANCE
 
 
 def count_law(bits: tuple[int, ...], keep: Fraction) -> list[Fraction]:

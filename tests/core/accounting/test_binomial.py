@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from deniable.core.accounting._binomial import chernoff_window, kl_bernoulli, log_pmf, pmf, pmf_run
+from deniable.core.amplification._binomial import chernoff_window, kl_bernoulli, log_pmf, pmf, pmf_run
 
 
 def exact_log_pmf(k: int, n: int, p: Fraction) -> float:

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import binom
 
 from deniable.core.accounting import FMT21NumericalClones
-from deniable.core.accounting._mixtures import clone_delta
+from deniable.core.amplification._mixtures import clone_delta
 
 
 def hockey(p: list[Fraction], q: list[Fraction], e: Fraction) -> Fraction:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from deniable.core.accounting import GRRFullBlanket, _blanket, best_bound
+from deniable.core.accounting import GRRFullBlanket, best_bound
 from deniable.core.accounting.accountant import clear_cache
-from deniable.core.accounting.analyses import _cached_full_blanket_epsilon
+from deniable.core.amplification import _blanket
+from deniable.core.amplification.analyses import _cached_full_blanket_epsilon
 from deniable.sim.render import privacy_line
 from deniable.v1 import deniable_pb2 as pb
 

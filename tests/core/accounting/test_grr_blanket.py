@@ -17,11 +17,11 @@ from deniable.core.accounting import (
     BinaryRRExact,
     GRRBlanket,
     GRRFullBlanket,
-    _blanket,
     best_bound,
     realised_probabilities,
 )
-from deniable.core.accounting.analyses import largest_affordable_n, search_epsilon
+from deniable.core.amplification import _blanket
+from deniable.core.amplification.analyses import largest_affordable_n, search_epsilon
 
 
 def reduced_experiment_delta(eps: float, keep: Fraction, other: Fraction, k: int, n: int) -> Fraction:

@@ -11,7 +11,7 @@ import pytest
 
 from deniable.core import mechanisms
 from deniable.core.accounting import best_delta
-from deniable.core.accounting.protocols import balcer_cheu_exact_guarantee
+from deniable.core.amplification.protocols import balcer_cheu_exact_guarantee
 from deniable.core.mechanisms.base import LocalRandomiser
 
 N = 10_000

@@ -21,7 +21,7 @@ from scipy import stats
 
 from deniable.core import mechanisms
 from deniable.core.accounting.planner import expected_std_error
-from deniable.core.accounting.protocols import balcer_cheu_exact_guarantee, balcer_cheu_guarantee
+from deniable.core.amplification.protocols import balcer_cheu_exact_guarantee, balcer_cheu_guarantee
 from deniable.core.mechanisms.balcer_cheu import BalcerCheuHistogram
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.v1 import deniable_pb2 as pb

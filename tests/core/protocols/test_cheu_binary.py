@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from deniable.core import mechanisms
-from deniable.core.accounting.protocols import GRID, cheu_guarantee
+from deniable.core.amplification.protocols import GRID, cheu_guarantee
 from deniable.core.mechanisms.cheu_binary import CheuBinarySum
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.v1 import deniable_pb2 as pb

@@ -18,7 +18,7 @@ from scipy import stats
 
 from deniable.core import audit, mechanisms
 from deniable.core.accounting.planner import central_laplace, expected_std_error
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.protocols import (
     MULTI_HISTOGRAM,
     multi_histogram_guarantee,
     multi_histogram_noise_delta,

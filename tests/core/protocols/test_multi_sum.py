@@ -23,7 +23,7 @@ import pytest
 from scipy import stats
 
 from deniable.core import mechanisms
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.protocols import (
     GRID,
     multi_sum_guarantee,
     noise_delta,

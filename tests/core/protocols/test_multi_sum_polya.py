@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 
 from deniable.core import audit, mechanisms
-from deniable.core.accounting.protocols import (
+from deniable.core.amplification.protocols import (
     MULTI_SUM_POLYA,
     multi_sum_guarantee,
     noise_delta,

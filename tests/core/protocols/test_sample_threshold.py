@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 
 from deniable.core import mechanisms
-from deniable.core.accounting.protocols import sample_threshold_add_delta, sample_threshold_guarantee
+from deniable.core.amplification.protocols import sample_threshold_add_delta, sample_threshold_guarantee
 from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.core.mechanisms.sample_threshold import (
     MAX_THRESHOLD,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from deniable.core.accounting._binomial import (
+from deniable.core.amplification._binomial import (
     FloatArray,
     IntArray,
     chernoff_window,

@@ -8,8 +8,8 @@ epsilon0 <= ln(n / (16 ln(2 / delta))), the shuffled output is (epsilon, delta)-
 
 Outside that condition the bound says nothing: we report "not applicable" and fall back to the
 local guarantee epsilon0 (which holds for any n, with delta = 0), never a number the theorem
-does not give. ``central_guarantee`` asks the accountant (``accountant.best_bound``), which also
-tries the numerical and mechanism-specific analyses and returns the tightest.
+does not give. ``tightest.tightest_bound`` also tries the numerical and mechanism-specific
+analyses a mechanism declares and returns the tightest.
 """
 
 from __future__ import annotations
@@ -70,21 +70,3 @@ def fmt21_closed_form(epsilon0: float, n: int, delta: float) -> AmplificationBou
             epsilon0, 0.0, LOCAL_ONLY, False, f"{FMT21_CLOSED_FORM} gives no improvement at n={n}"
         )
     return AmplificationBound(epsilon=epsilon, delta=delta, analysis=FMT21_CLOSED_FORM, amplified=True)
-
-
-def central_guarantee(
-    epsilon0: float,
-    n: int,
-    delta: float,
-    *,
-    mechanism: str | None = None,
-    domain_size: int | None = None,
-) -> AmplificationBound:
-    """The tightest valid central guarantee this accountant knows for n shuffled reports.
-
-    Generic analyses for any epsilon0-LDP randomiser when ``mechanism`` is None; "binary_rr" and
-    "grr" (with ``domain_size``) add mechanism-specific ones. See ``accountant.best_bound``.
-    """
-    from deniable.core.accounting.accountant import best_bound  # lazy: import cycle
-
-    return best_bound(epsilon0, n, delta, mechanism=mechanism, domain_size=domain_size)

@@ -17,11 +17,8 @@ else:
     from deniable.core.lazy import numpy as np
     from deniable.core.lazy import numpy_typing as npt
 
-if TYPE_CHECKING:
-    FloatArray = npt.NDArray[np.float64]
-    IntArray = npt.NDArray[np.int64]
-else:  # annotations are not evaluated at run time; the names stay importable without numpy
-    FloatArray = IntArray = object
+from deniable.core.lazy import FloatArray as FloatArray
+from deniable.core.lazy import IntArray as IntArray
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 # stirlerr(k) = ln k! - (k + 1/2) ln k + k - ln sqrt(2 pi) for k = 1..15, from math.lgamma.

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from deniable.core.accounting import _binary_rr, _blanket
-from deniable.core.accounting._mixtures import clone_delta
-from deniable.core.accounting.shuffle import (
+from deniable.core.amplification import _binary_rr, _blanket
+from deniable.core.amplification._mixtures import clone_delta
+from deniable.core.amplification.shuffle import (
     FMT21_CLOSED_FORM,
     LOCAL_ONLY,
     AmplificationBound,

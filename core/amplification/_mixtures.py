@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from deniable.core.accounting._binomial import FloatArray, IntArray, chernoff_window, pmf, pmf_run
+from deniable.core.amplification._binomial import FloatArray, IntArray, chernoff_window, pmf, pmf_run
 
 if TYPE_CHECKING:
     import numpy as np

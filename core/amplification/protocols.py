@@ -22,9 +22,10 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
-from deniable.core.accounting._binomial import chernoff_window, kl_bernoulli, pmf_run
-from deniable.core.accounting.analyses import BinaryRRExact, NotApplicable, search_epsilon
-from deniable.core.accounting.shuffle import AmplificationBound
+from deniable.core.amplification._binomial import chernoff_window, kl_bernoulli, pmf_run
+from deniable.core.amplification.analyses import BinaryRRExact, NotApplicable, search_epsilon
+from deniable.core.amplification.grid_search import dyadic_bracket, smallest_meeting
+from deniable.core.amplification.shuffle import AmplificationBound
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,24 +116,7 @@ def cheu_flip_for_target(epsilon: float, delta: float, n: int) -> int:
     def meets(g: int) -> bool:
         return cheu_guarantee(Fraction(g, GRID), n, delta).epsilon <= epsilon
 
-    if meets(1):
-        return 1
-    # gamma = 2**e: smallest exponent that meets the target (gamma = 1 always does).
-    lo_e, hi_e = 0, GRID_BITS
-    while hi_e - lo_e > 1:
-        mid = (lo_e + hi_e) // 2
-        if meets(1 << mid):
-            hi_e = mid
-        else:
-            lo_e = mid
-    lo, hi = 1 << lo_e, 1 << hi_e  # meets(lo) is False, meets(hi) is True
-    while hi - lo > max(1, hi >> 7):
-        mid = (lo + hi) // 2
-        if meets(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return smallest_meeting(meets, *dyadic_bracket(meets, GRID_BITS))  # gamma = 1 always meets it
 
 
 # =========================================================================== Balcer & Cheu 2020
@@ -297,23 +281,11 @@ def balcer_cheu_exact_gamma(epsilon: float, delta: float, n: int) -> int:
             f"balcer_cheu_histogram cannot reach epsilon={epsilon:g}, delta={delta:g} at expected_n={n};"
             f" the smallest n that can is {balcer_cheu_min_n(epsilon, delta)}"
         )
-    lo_e, hi_e = 0, GRID_BITS - 1  # 2**hi_e = 1/2 meets the target
-    if _bc_meets(1, epsilon, delta, n):
-        return 1
-    while hi_e - lo_e > 1:
-        mid = (lo_e + hi_e) // 2
-        if _bc_meets(1 << mid, epsilon, delta, n):
-            hi_e = mid
-        else:
-            lo_e = mid
-    lo, hi = 1 << lo_e, 1 << hi_e
-    while hi - lo > max(1, hi >> 7):
-        mid = (lo + hi) // 2
-        if _bc_meets(mid, epsilon, delta, n):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+
+    def meets(g: int) -> bool:
+        return _bc_meets(g, epsilon, delta, n)
+
+    return smallest_meeting(meets, *dyadic_bracket(meets, GRID_BITS - 1))  # 2**(GRID_BITS-1) = 1/2 meets
 
 
 # =========================================================================== sample and threshold
@@ -501,6 +473,22 @@ def multi_sum_delta(n: int, p: float, m: int, q: int, epsilon: float, polya_shar
     )
 
 
+def _split_and_mix_refusal(
+    analysis: str, n: int, m: int, q: int, delta: float, share_terms: int
+) -> AmplificationBound | None:
+    """Why a split-and-mix analysis says nothing before any search (no devices, or its
+    share-hiding terms, 2 x share_terms x eta, spend delta already); None when it can proceed."""
+    _check_delta(delta)
+    if n < 1:
+        return not_applicable(analysis, "no devices")
+    eta = share_hiding_distance(n, m, q)
+    if 2 * share_terms * eta >= delta:
+        return not_applicable(
+            analysis, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
+        )
+    return None
+
+
 @functools.lru_cache(maxsize=256)
 def multi_sum_guarantee(
     n: int, p: float, m: int, q: int, delta: float, polya_shares: int = 0
@@ -510,35 +498,20 @@ def multi_sum_guarantee(
     ``polya_shares`` > 0: each device's noise is a difference of NB(1/polya_shares, a) draws
     (discrete Laplace in total at polya_shares devices); 0: Bernoulli(p) differences.
     """
-    _check_delta(delta)
     analysis = MULTI_SUM_POLYA if polya_shares > 0 else MULTI_SUM
-    if n < 1:
-        return not_applicable(analysis, "no devices")
+    refusal = _split_and_mix_refusal(analysis, n, m, q, delta, share_terms=1)
+    if refusal is not None:
+        return refusal
     eta = share_hiding_distance(n, m, q)
-    if 2 * eta >= delta:
-        return not_applicable(
-            analysis, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
-        )
 
     def total(eps: float) -> float:
         return multi_sum_delta(n, p, m, q, eps, polya_shares)
 
-    previous, upper = 0.0, 1 / 64
-    while total(upper) > delta:
-        previous, upper = upper, upper * 1.25
-        if upper > 50:
-            return not_applicable(analysis, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
-    if previous > 0 or total(0.0) > delta:
-        for _ in range(60):  # total(previous) > delta >= total(upper); the crossing lies between
-            mid = (previous + upper) / 2
-            if total(mid) <= delta:
-                upper = mid
-            else:
-                previous = mid
-            if upper - previous <= 1e-9 * upper:
-                break
-    else:
-        upper = 0.0
+    bracket = _scan_up(total, delta)
+    if bracket is None:
+        return not_applicable(analysis, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
+    previous, upper = bracket
+    upper = _bisect_crossing(total, delta, previous, upper) if previous > 0 or total(0.0) > delta else 0.0
     law = (
         f"NB(n/{polya_shares}, a)-NB(n/{polya_shares}, a), P[draw > 0]={p:.6g}"
         if polya_shares > 0
@@ -575,15 +548,19 @@ def multi_histogram_delta(n: int, p: float, m: int, q: int, epsilon: float, shar
     return min(1.0, noise + (1 + math.exp(epsilon)) * 2 * eta)
 
 
-def _first_crossing(total: Callable[[float], float], delta: float) -> float:
-    """Smallest eps (to 1e-9 relative) with total(eps) <= delta scanning up from 0; inf past 50."""
+def _scan_up(total: Callable[[float], float], delta: float) -> tuple[float, float] | None:
+    """(previous, upper): the first upper in 1/64, 1/64 x 1.25, ... with total(upper) <= delta and
+    the step before it (0 for the first); None past 50."""
     previous, upper = 0.0, 1 / 64
-    if total(0.0) <= delta:
-        return 0.0
     while total(upper) > delta:
         previous, upper = upper, upper * 1.25
         if upper > 50:
-            return math.inf
+            return None
+    return previous, upper
+
+
+def _bisect_crossing(total: Callable[[float], float], delta: float, previous: float, upper: float) -> float:
+    """Narrow total(previous) > delta >= total(upper) to 1e-9 relative; the valid end is returned."""
     for _ in range(60):
         mid = (previous + upper) / 2
         if total(mid) <= delta:
@@ -595,19 +572,23 @@ def _first_crossing(total: Callable[[float], float], delta: float) -> float:
     return upper
 
 
+def _first_crossing(total: Callable[[float], float], delta: float) -> float:
+    """Smallest eps (to 1e-9 relative) with total(eps) <= delta scanning up from 0; inf past 50."""
+    if total(0.0) <= delta:
+        return 0.0
+    bracket = _scan_up(total, delta)
+    return math.inf if bracket is None else _bisect_crossing(total, delta, *bracket)
+
+
 @functools.lru_cache(maxsize=256)
 def multi_histogram_guarantee(
     n: int, p: float, m: int, q: int, delta: float, shares: int
 ) -> AmplificationBound:
     """Smallest eps with multi_histogram_delta <= delta at n devices."""
-    _check_delta(delta)
-    if n < 1:
-        return not_applicable(MULTI_HISTOGRAM, "no devices")
+    refusal = _split_and_mix_refusal(MULTI_HISTOGRAM, n, m, q, delta, share_terms=2)
+    if refusal is not None:
+        return refusal
     eta = share_hiding_distance(n, m, q)
-    if 4 * eta >= delta:
-        return not_applicable(
-            MULTI_HISTOGRAM, f"share-hiding distance {eta:.3g} (m={m}, q={q}, n={n}) leaves nothing of delta"
-        )
     epsilon = _first_crossing(lambda eps: multi_histogram_delta(n, p, m, q, eps, shares), delta)
     if math.isinf(epsilon):
         return not_applicable(MULTI_HISTOGRAM, f"no epsilon below 50 reaches delta={delta:g} at n={n}")

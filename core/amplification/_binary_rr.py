@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deniable.core.accounting._binomial import FloatArray, IntArray, chernoff_window, log_pmf
+from deniable.core.amplification._binomial import FloatArray, IntArray, chernoff_window, log_pmf
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,0 +1,26 @@
+"""One gRPC health check, for container HEALTHCHECKs, exec probes and scripts."""
+
+from __future__ import annotations
+
+from deniable.core.plumbing.tls import ClientTls
+
+SERVICES = {"aggregator": "deniable.v1.Aggregator", "shuffler": "deniable.v1.Shuffler", "server": ""}
+"""Health entries by name ("server": the whole server)."""
+
+
+async def check(address: str, service: str, tls: ClientTls | None, timeout: float) -> str:
+    """The health status name ``address`` reports for ``service``, or UNREACHABLE(<code>)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from deniable.core.plumbing.tls import open_channel
+
+    channel = open_channel(address, tls, insecure=tls is None)
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    except grpc.aio.AioRpcError as exc:
+        return f"UNREACHABLE({exc.code().name})"
+    finally:
+        await channel.close()

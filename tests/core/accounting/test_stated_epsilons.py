@@ -1,0 +1,103 @@
+"""Stated central epsilons do not move by a bit: every registered mechanism, on a grid of
+(epsilon0, n, delta), against values recorded from main before analyses moved onto mechanisms
+(ADR 0027). Regenerate only on purpose: ``python tests/core/accounting/test_stated_epsilons.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from deniable.core import mechanisms
+from deniable.core.accounting import best_bound
+
+FIXTURE = Path(__file__).with_name("stated_epsilons.json")
+EPSILON0S = (0.5, 1.0, 3.0)
+NS = (1, 1_000, 50_000)
+DELTAS = (1e-6, 1e-9)
+GENERIC = "(generic)"
+
+
+EXPECTED_N = 20_000  # shuffle-only protocols are parametrised for this many devices
+
+
+def _create(name: str, epsilon0: float) -> mechanisms.LocalRandomiser:
+    """The mechanism over 8 values, or 2 where it only takes bits."""
+    params = {} if mechanisms.mechanism_class(name).local_privacy else {"expected_n": EXPECTED_N}
+    try:
+        return mechanisms.create(name, epsilon0=epsilon0, domain_size=8, **params)
+    except ValueError:
+        return mechanisms.create(name, epsilon0=epsilon0, domain_size=2, **params)
+
+
+def _domain(name: str) -> int:
+    return _create(name, 1.0).domain_size
+
+
+def _key(name: str, epsilon0: float, n: int, delta: float, path: str) -> str:
+    return f"{name}|{epsilon0:g}|{n}|{delta:g}|{path}"
+
+
+def _mechanism_epsilon(name: str, epsilon0: float, n: int, delta: float) -> str:
+    """The mechanism's own stated epsilon (float.hex: bit-exact), or the error it raises."""
+    try:
+        randomiser = _create(name, epsilon0)
+        bound = randomiser.central_guarantee(n, delta)
+    except (ValueError, ArithmeticError) as exc:
+        return f"error: {type(exc).__name__}"
+    return f"{bound.epsilon.hex()} {bound.analysis}"
+
+
+def _accountant_epsilon(name: str, epsilon0: float, n: int, delta: float) -> str:
+    """The accountant's tightest bound when asked by name (None: the generic analyses)."""
+    mechanism = None if name == GENERIC else name
+    domain = None if mechanism is None else _domain(name)
+    try:
+        bound = best_bound(epsilon0, n, delta, mechanism, domain)
+    except (ValueError, ArithmeticError) as exc:
+        return f"error: {type(exc).__name__}"
+    return f"{bound.epsilon.hex()} {bound.analysis}"
+
+
+def _values_of(name: str) -> dict[str, str]:
+    """One mechanism's stated epsilons on the grid (GENERIC: the accountant's generic analyses)."""
+    values: dict[str, str] = {}
+    local = name == GENERIC or mechanisms.mechanism_class(name).local_privacy
+    for epsilon0 in EPSILON0S:
+        for n in NS:
+            for delta in DELTAS:
+                if name != GENERIC:
+                    values[_key(name, epsilon0, n, delta, "mechanism")] = _mechanism_epsilon(
+                        name, epsilon0, n, delta
+                    )
+                if local:
+                    values[_key(name, epsilon0, n, delta, "accountant")] = _accountant_epsilon(
+                        name, epsilon0, n, delta
+                    )
+    return values
+
+
+def current_values(names: list[str]) -> dict[str, str]:
+    """Every stated epsilon of these mechanisms on the grid, as the code now computes it."""
+    return {key: value for name in names for key, value in _values_of(name).items()}
+
+
+@pytest.mark.parametrize("name", [GENERIC, *mechanisms.names()])
+def test_stated_epsilons_match_the_recorded_ones(name: str) -> None:
+    recorded = json.loads(FIXTURE.read_text())
+    assert _values_of(name) == {key: value for key, value in recorded.items() if key.split("|")[0] == name}
+
+
+def test_the_fixture_covers_every_registered_mechanism() -> None:
+    recorded = {key.split("|")[0] for key in json.loads(FIXTURE.read_text())}
+    assert recorded == {GENERIC, *mechanisms.names()}
+
+
+if __name__ == "__main__":
+    FIXTURE.write_text(
+        json.dumps(current_values([GENERIC, *mechanisms.names()]), indent=1, sort_keys=True) + "\n"
+    )
+    sys.exit(0)
