@@ -10,11 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 
 from deniable.core.crypto import DecryptionError, KeyPair, open_report
-from deniable.core.ids import MAX_CAMPAIGN_ID_BYTES
 from deniable.core.wire import MalformedPlaintext, decode
-from deniable.core.wire.codec import HEADER_LENGTH, REPORT_ID_LENGTH, VERSION
+from deniable.core.wire.codec import HEADER_LENGTH, REPORT_ID_FIELD, REPORT_ID_LENGTH
+from deniable.core.wire.rows import accepted_rows, payload_lengths
 from deniable.v1 import deniable_pb2 as pb
 
 OK: Final = 0
@@ -59,25 +60,24 @@ def open_reports(
         except DecryptionError:
             out.append((UNDECRYPTABLE, _REJECTED, _REJECTED))
             continue
-        try:
-            decoded = decode(plaintext, plaintext_length)
-        except MalformedPlaintext:
-            out.append((MALFORMED_PLAINTEXT, _REJECTED, _REJECTED))
-            continue
-        if decoded.campaign_id != campaign_id or decoded.key_id != key_id:
-            out.append((CAMPAIGN_MISMATCH, _REJECTED, _REJECTED))
-            continue
-        out.append((OK, decoded.report_id, decoded.payload))
+        out.append(decoded(plaintext, plaintext_length, campaign_id, key_id))
     return out
+
+
+def decoded(plaintext: bytes, length: int, campaign_id: str, key_id: int) -> Opened:
+    """One decrypted plaintext's outcome: MALFORMED_PLAINTEXT, CAMPAIGN_MISMATCH (it names another
+    campaign or key than its envelope), or OK with its report id and payload."""
+    try:
+        content = decode(plaintext, length)
+    except MalformedPlaintext:
+        return MALFORMED_PLAINTEXT, _REJECTED, _REJECTED
+    if content.campaign_id != campaign_id or content.key_id != key_id:
+        return CAMPAIGN_MISMATCH, _REJECTED, _REJECTED
+    return OK, content.report_id, content.payload
 
 
 Packed = tuple[bytes, bytes, bytes, bytes]
 """(reasons: uint8 each, report ids: 16 bytes each, payload lengths: uint32 each, payloads back to back)."""
-
-_KEY_FIELD: Final = slice(1 + REPORT_ID_LENGTH, 1 + REPORT_ID_LENGTH + 4)
-_CAMPAIGN_LENGTH_AT: Final = 1 + REPORT_ID_LENGTH + 4
-_CAMPAIGN_FIELD: Final = slice(_CAMPAIGN_LENGTH_AT + 1, _CAMPAIGN_LENGTH_AT + 1 + MAX_CAMPAIGN_ID_BYTES)
-_PAYLOAD_LENGTH_FIELD: Final = slice(HEADER_LENGTH - 2, HEADER_LENGTH)
 
 
 def open_packed(
@@ -92,17 +92,38 @@ def open_packed(
     campaign's ciphertext length, passed packed (uint32 key ids, ciphertexts back to back).
 
     Packed in and out, so a process pool moves a few large buffers instead of many small
-    objects; the plaintexts are checked with numpy in one pass. Outcomes are exactly those of
-    ``open_reports``: a plaintext that is not in canonical form goes through ``decode``.
+    objects; the plaintexts are checked with numpy in one pass (``core.wire.rows``). Outcomes are
+    exactly those of ``open_reports``: a plaintext that pass rejects goes through ``decode``.
     """
     keys = np.frombuffer(key_ids, dtype="<u4")
-    count = int(keys.size)
-    if len(ciphertexts) != count * ciphertext_length:
+    if len(ciphertexts) != int(keys.size) * ciphertext_length:
         raise ValueError("ciphertexts do not match the key ids and the ciphertext length")
+    reasons, rows = _decrypt_rows(
+        campaign_id, plaintext_length, ciphertext_length, private_keys, keys, ciphertexts
+    )
+    accepted = accepted_rows(rows, campaign_id, keys)
+    for index in np.flatnonzero((reasons == OK) & ~accepted).tolist():
+        # Not accepted by the vector check, so ``decode`` fails or names another campaign or key.
+        reason = decoded(rows[index].tobytes(), plaintext_length, campaign_id, int(keys[index]))[0]
+        if reason == OK:
+            raise AssertionError("the row check refused a plaintext that decodes to this campaign and key")
+        reasons[index] = reason
+    return _packed_outcome(reasons, rows)
+
+
+def _decrypt_rows(
+    campaign_id: str,
+    size: int,
+    width: int,
+    private_keys: Mapping[int, bytes],
+    keys: npt.NDArray[np.uint32],
+    ciphertexts: bytes,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """(reason per report so far, plaintexts as rows of ``size`` bytes; zero where not opened)."""
     pairs = {key_id: KeyPair(key_id, raw) for key_id, raw in private_keys.items()}
+    count = int(keys.size)
     reasons = np.zeros(count, dtype=np.uint8)
-    plaintexts = bytearray(count * plaintext_length)
-    width, size = ciphertext_length, plaintext_length
+    plaintexts = bytearray(count * size)
     for index, key_id in enumerate(keys.tolist()):
         pair = pairs.get(key_id)
         if pair is None:
@@ -118,36 +139,14 @@ def open_packed(
             continue
         plaintexts[index * size : (index + 1) * size] = plaintext
     rows = np.frombuffer(bytes(plaintexts), dtype=np.uint8).reshape(count, size)
-    expected_campaign = np.zeros(MAX_CAMPAIGN_ID_BYTES, dtype=np.uint8)
-    raw_campaign = campaign_id.encode("utf-8")
-    expected_campaign[: len(raw_campaign)] = np.frombuffer(raw_campaign, dtype=np.uint8)
-    payload_lengths = rows[:, _PAYLOAD_LENGTH_FIELD].astype(np.int64) @ np.array([256, 1], dtype=np.int64)
-    ends = HEADER_LENGTH + payload_lengths
-    columns = np.arange(size, dtype=np.int64)
-    padding_clear = ~np.any((columns[None, :] >= ends[:, None]) & (rows != 0), axis=1)
-    canonical = (
-        (reasons == OK)
-        & (rows[:, 0] == VERSION)
-        & (rows[:, _KEY_FIELD].astype(np.int64) @ np.array([1 << 24, 1 << 16, 1 << 8, 1]) == keys)
-        & (rows[:, _CAMPAIGN_LENGTH_AT] == len(raw_campaign))
-        & np.all(rows[:, _CAMPAIGN_FIELD] == expected_campaign, axis=1)
-        & (ends <= size)
-        & padding_clear
-    )
-    for index in np.flatnonzero((reasons == OK) & ~canonical).tolist():
-        # Not canonical, so ``decode`` fails or names another campaign or key: it gives the reason.
-        try:
-            decoded = decode(rows[index].tobytes(), size)
-        except MalformedPlaintext:
-            reasons[index] = MALFORMED_PLAINTEXT
-            continue
-        if decoded.campaign_id != campaign_id or decoded.key_id != int(keys[index]):
-            reasons[index] = CAMPAIGN_MISMATCH
-            continue
-        raise AssertionError("a plaintext that decodes to this campaign and key is canonical")
+    return reasons, rows
+
+
+def _packed_outcome(reasons: npt.NDArray[np.uint8], rows: npt.NDArray[np.uint8]) -> Packed:
+    """Reasons, report ids (zero where rejected), payload lengths and the accepted payloads."""
     accepted = reasons == OK
-    lengths = np.where(accepted, payload_lengths, 0)
-    report_ids = np.where(accepted[:, None], rows[:, 1 : 1 + REPORT_ID_LENGTH], 0).astype(np.uint8)
+    lengths = np.where(accepted, payload_lengths(rows), 0)
+    report_ids = np.where(accepted[:, None], rows[:, REPORT_ID_FIELD], 0).astype(np.uint8)
     kept = np.flatnonzero(accepted)
     if kept.size and bool(np.all(lengths[kept] == lengths[kept[0]])):  # the usual case: one payload size
         payloads = rows[kept, HEADER_LENGTH : HEADER_LENGTH + int(lengths[kept[0]])].tobytes()

@@ -170,12 +170,9 @@ class Keyring:
             return signing
         try:
             signing = SigningKey.load(path, key_group)
-        except FileNotFoundError as exc:
-            raise ConfigurationError(f"keyring {index} has no signing key: {path} is missing") from exc
-        except PermissionError as exc:
-            raise ConfigurationError(f"{exc}; run chmod 600 {path}") from exc
         except (OSError, ValueError) as exc:
-            raise ConfigurationError(f"cannot load signing key {path}: {exc}") from exc
+            missing = f"keyring {index} has no signing key: {path} is missing"
+            raise _key_file_error(exc, path, missing, f"cannot load signing key {path}") from exc
         if pinned is not None and pinned != signing.public_raw.hex():
             raise ConfigurationError(f"signing key {path} does not match the one in {index}")
         return signing
@@ -192,12 +189,11 @@ class Keyring:
             path = directory / f"{entry.key_id}.key"
             try:
                 pair = KeyPair.load(path, entry.key_id, key_group)
-            except FileNotFoundError as exc:
-                raise ConfigurationError(f"keyring names key {entry.key_id} but {path} is missing") from exc
-            except PermissionError as exc:
-                raise ConfigurationError(f"{exc}; run chmod 600 {path}") from exc
             except (OSError, ValueError) as exc:
-                raise ConfigurationError(f"cannot load key {entry.key_id} from {path}: {exc}") from exc
+                missing = f"keyring names key {entry.key_id} but {path} is missing"
+                raise _key_file_error(
+                    exc, path, missing, f"cannot load key {entry.key_id} from {path}"
+                ) from exc
             if pair.public.raw != entry.public_key or pair.kem.name != entry.kem:
                 raise ConfigurationError(f"key file {path} does not match the public key in {index}")
             pairs[entry.key_id] = pair
@@ -328,3 +324,12 @@ def _shred(path: Path) -> None:
         os.fsync(directory_fd)
     finally:
         os.close(directory_fd)
+
+
+def _key_file_error(exc: Exception, path: Path, missing: str, unreadable: str) -> ConfigurationError:
+    """One line for a key file that cannot be loaded: missing, open to others, or unreadable."""
+    if isinstance(exc, FileNotFoundError):
+        return ConfigurationError(missing)
+    if isinstance(exc, PermissionError):
+        return ConfigurationError(f"{exc}; run chmod 600 {path}")
+    return ConfigurationError(f"{unreadable}: {exc}")

@@ -26,7 +26,10 @@ class AggregatorMetrics(ServiceMetrics):
     """Counters for counted and rejected reports, batches and failed requests."""
 
     def __init__(self) -> None:
-        """Create the counters in a fresh registry."""
+        """Create the counters in a fresh registry.
+
+        Long: one flat table of metric definitions.
+        """
         super().__init__("aggregator")
         self.preinitialise(service_rpcs(pb.DESCRIPTOR.services_by_name["Aggregator"]))
         self.decrypt_seconds = Histogram(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -15,7 +16,8 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from deniable.aggregator.consume_nats import NatsConsumer
-from deniable.aggregator.handlers import DEFAULT_RETENTION_MARGIN_S, AggregatorHandlers
+from deniable.aggregator.context import DEFAULT_RETENTION_MARGIN_S
+from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.aggregator.pool import DecryptPool
@@ -239,78 +241,31 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
 
     The data directory is locked (one service each); a failed start removes what it created.
     """
-    if not (config.key_drain_s >= 0 and config.key_sweep_interval_s > 0):
-        raise ConfigurationError("key_drain_s must be >= 0 and key_sweep_interval_s > 0 (seconds)")
-    if not config.retention_margin_s >= 0:
-        raise ConfigurationError("retention_margin_s must be >= 0 (seconds)")
+    _check_intervals(config)
     check_transport(config.tls, config.insecure, "aggregator")
     credentials = None if config.tls is None else config.tls.credentials(require_client_cert=True)
-    leftovers = Leftovers(config.data_dir)
-    lock: DataDirLock | None = None
-    store: AggregatorStore | None = None
-    executor: DecryptPool | None = None
-    server: grpc.aio.Server | None = None
     metrics = AggregatorMetrics()
     metrics.tracer_provider = config.tracer_provider
+    undo = contextlib.AsyncExitStack()  # what a failed start must close, newest first
+    leftovers = Leftovers(config.data_dir)
     try:
-        _prepare_data_dir(config.data_dir)
-        lock = DataDirLock(config.data_dir)
-        keyring = Keyring.load_or_create(config.data_dir, key_group=config.key_group)
-        store = await open_store(config.store, config.data_dir)
-        executor = _decrypt_pool(config.decrypt_workers, metrics)
-        if executor is not None:
-            await executor.warm_up()
-        handlers = AggregatorHandlers(
-            store,
-            keyring,
-            metrics,
-            executor,
-            config.decrypt_workers,
-            key_drain_s=config.key_drain_s,
-            retention_margin_s=config.retention_margin_s,
-        )
+        lock, store, executor, handlers = await _open_state(config, metrics, undo)
         server, health_servicer, monitor, port = await _serve(config, store, handlers, metrics, credentials)
-        metrics_port = None
-        if config.metrics_port is not None:
-            try:
-                metrics_port = metrics.serve_http(config.metrics_port, host_of(config.listen).strip("[]"))
-            except OSError as exc:
-                await monitor.stop()
-                message = f"cannot serve metrics on port {config.metrics_port}: {exc}"
-                raise ConfigurationError(message) from exc
+        undo.push_async_callback(server.stop, 0)
+        undo.push_async_callback(monitor.stop)
+        metrics_port = _serve_metrics(config, metrics)
     except BaseException:
-        if server is not None:
-            await server.stop(0)
-        if store is not None:
-            await store.close()
-        if executor is not None:
-            executor.executor.shutdown(wait=False, cancel_futures=True)
-        if lock is not None:
-            lock.release()
+        await undo.aclose()
         leftovers.remove()
         raise
+    try:
+        nats = None if config.nats is None else await _nats_consumer(config, handlers)
+    except BaseException:
+        await undo.aclose()
+        raise
+    undo.pop_all()
     address = f"{host_of(config.listen)}:{port}"
-    nats = None
-    if config.nats is not None:
-        try:
-            nats = await _nats_consumer(config, handlers)
-        except BaseException:
-            await server.stop(0)
-            await store.close()
-            if executor is not None:
-                executor.executor.shutdown(wait=False, cancel_futures=True)
-            lock.release()
-            raise
-    if config.insecure:
-        warn_open("the aggregator")
-    tls = "mutual TLS" if config.tls else "plaintext (insecure)"
-    log.info(
-        "aggregator listening on %s (%s; config: %s)",
-        address,
-        tls,
-        config.config_source,
-        extra={"address": address, "pid": os.getpid(), "tls": "mutual" if config.tls else "none"},
-    )
+    _log_started(config, address)
     return RunningAggregator(
         port=port,
         address=address,
@@ -325,6 +280,65 @@ async def start_aggregator(config: AggregatorConfig) -> RunningAggregator:
         metrics_port=metrics_port,
         sweeper=asyncio.create_task(_sweep_keys(handlers, config.key_sweep_interval_s), name="key-sweep"),
         nats=nats,
+    )
+
+
+def _check_intervals(config: AggregatorConfig) -> None:
+    """The key drain, sweep and retention settings are usable numbers of seconds."""
+    if not (config.key_drain_s >= 0 and config.key_sweep_interval_s > 0):
+        raise ConfigurationError("key_drain_s must be >= 0 and key_sweep_interval_s > 0 (seconds)")
+    if not config.retention_margin_s >= 0:
+        raise ConfigurationError("retention_margin_s must be >= 0 (seconds)")
+
+
+async def _open_state(
+    config: AggregatorConfig, metrics: AggregatorMetrics, undo: contextlib.AsyncExitStack
+) -> tuple[DataDirLock, AggregatorStore, DecryptPool | None, AggregatorHandlers]:
+    """Lock the data directory, load the keys, open the store and the decrypt pool; each opened
+    resource is registered on ``undo``."""
+    _prepare_data_dir(config.data_dir)
+    lock = DataDirLock(config.data_dir)
+    undo.callback(lock.release)
+    keyring = Keyring.load_or_create(config.data_dir, key_group=config.key_group)
+    store = await open_store(config.store, config.data_dir)
+    undo.push_async_callback(store.close)
+    executor = _decrypt_pool(config.decrypt_workers, metrics)
+    if executor is not None:
+        undo.callback(executor.executor.shutdown, wait=False, cancel_futures=True)
+        await executor.warm_up()
+    handlers = AggregatorHandlers(
+        store,
+        keyring,
+        metrics,
+        executor,
+        config.decrypt_workers,
+        key_drain_s=config.key_drain_s,
+        retention_margin_s=config.retention_margin_s,
+    )
+    return lock, store, executor, handlers
+
+
+def _serve_metrics(config: AggregatorConfig, metrics: AggregatorMetrics) -> int | None:
+    """Serve Prometheus metrics on the configured port (None: not configured)."""
+    if config.metrics_port is None:
+        return None
+    try:
+        return metrics.serve_http(config.metrics_port, host_of(config.listen).strip("[]"))
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on port {config.metrics_port}: {exc}") from exc
+
+
+def _log_started(config: AggregatorConfig, address: str) -> None:
+    """Warn if the transport is open; log where and how the aggregator listens."""
+    if config.insecure:
+        warn_open("the aggregator")
+    tls = "mutual TLS" if config.tls else "plaintext (insecure)"
+    log.info(
+        "aggregator listening on %s (%s; config: %s)",
+        address,
+        tls,
+        config.config_source,
+        extra={"address": address, "pid": os.getpid(), "tls": "mutual" if config.tls else "none"},
     )
 
 

@@ -4,11 +4,13 @@ Unexpected exceptions are logged (method name only, never a client identifier) a
 INTERNAL; nothing a request does can take the server down.
 """
 
+# ruff: noqa: N802  (the RPC method names are fixed by the generated servicer)
+
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -19,6 +21,7 @@ from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 R = TypeVar("R")
+Context = grpc.aio.ServicerContext[Any, Any]
 log = logging.getLogger("deniable.aggregator")
 
 
@@ -29,7 +32,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         """Serve ``handlers``; failures are counted in ``handlers.metrics``."""
         self._handlers = handlers
 
-    async def _call(self, rpc: str, context: grpc.aio.ServicerContext[object, R], call: Awaitable[R]) -> R:
+    async def _call(self, rpc: str, context: Context, call: Awaitable[R]) -> R:
+        """Await one handler call; a refusal or an unexpected error aborts with its status."""
         try:
             return await call
         except RequestRefused as exc:
@@ -41,85 +45,59 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self._handlers.metrics.failed(rpc, code.name)
         await context.abort(code, message)
 
-    async def CreateCampaign(  # noqa: N802 (gRPC method name)
-        self, request: pb.CreateCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
-    ) -> pb.Campaign:
+    async def CreateCampaign(self, request: pb.CreateCampaignRequest, context: Context) -> pb.Campaign:
         """Create a campaign (the aggregator owns campaigns and their keys)."""
         work = self._handlers.create_campaign(request, deadline_s=context.time_remaining())
         return await self._call("CreateCampaign", context, work)
 
-    async def GetCampaign(  # noqa: N802 (gRPC method name)
-        self, request: pb.GetCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
-    ) -> pb.Campaign:
+    async def GetCampaign(self, request: pb.GetCampaignRequest, context: Context) -> pb.Campaign:
         """One campaign by id."""
         return await self._call("GetCampaign", context, self._handlers.get_campaign(request))
 
-    async def ListCampaigns(  # noqa: N802 (gRPC method name)
-        self,
-        request: pb.ListCampaignsRequest,
-        context: grpc.aio.ServicerContext[object, pb.ListCampaignsResponse],
+    async def ListCampaigns(
+        self, request: pb.ListCampaignsRequest, context: Context
     ) -> pb.ListCampaignsResponse:
         """Every campaign."""
         return await self._call("ListCampaigns", context, self._handlers.list_campaigns())
 
-    async def IngestBatch(  # noqa: N802 (gRPC method name)
-        self, request: pb.ShuffledBatch, context: grpc.aio.ServicerContext[object, pb.IngestBatchResponse]
-    ) -> pb.IngestBatchResponse:
+    async def IngestBatch(self, request: pb.ShuffledBatch, context: Context) -> pb.IngestBatchResponse:
         """Count a shuffled batch (idempotent on its batch id)."""
         return await self._call("IngestBatch", context, self._handlers.ingest_batch(request))
 
-    async def BinarySum(  # noqa: N802 (gRPC method name)
-        self, request: pb.QueryRequest, context: grpc.aio.ServicerContext[object, pb.QueryResponse]
-    ) -> pb.QueryResponse:
+    async def BinarySum(self, request: pb.QueryRequest, context: Context) -> pb.QueryResponse:
         """Estimates for a binary campaign."""
         return await self._call("BinarySum", context, self._handlers.query(request, binary=True))
 
-    async def Histogram(  # noqa: N802 (gRPC method name)
-        self, request: pb.QueryRequest, context: grpc.aio.ServicerContext[object, pb.QueryResponse]
-    ) -> pb.QueryResponse:
+    async def Histogram(self, request: pb.QueryRequest, context: Context) -> pb.QueryResponse:
         """Estimates for every bucket of any campaign."""
         return await self._call("Histogram", context, self._handlers.query(request, binary=False))
 
-    async def ListKeys(  # noqa: N802 (gRPC method name)
-        self, request: pb.ListKeysRequest, context: grpc.aio.ServicerContext[object, pb.ListKeysResponse]
-    ) -> pb.ListKeysResponse:
+    async def ListKeys(self, request: pb.ListKeysRequest, context: Context) -> pb.ListKeysResponse:
         """Public metadata of the aggregator's keys."""
         return await self._call("ListKeys", context, self._handlers.list_keys())
 
-    async def RotateKey(  # noqa: N802 (gRPC method name)
-        self, request: pb.KeyRotateRequest, context: grpc.aio.ServicerContext[object, pb.KeyInfo]
-    ) -> pb.KeyInfo:
+    async def RotateKey(self, request: pb.KeyRotateRequest, context: Context) -> pb.KeyInfo:
         """A new active HPKE key; the previous one is retired."""
         return await self._call("RotateKey", context, self._handlers.rotate_key(request))
 
-    async def DestroyKey(  # noqa: N802 (gRPC method name)
-        self, request: pb.KeyDestroyRequest, context: grpc.aio.ServicerContext[object, pb.KeyInfo]
-    ) -> pb.KeyInfo:
+    async def DestroyKey(self, request: pb.KeyDestroyRequest, context: Context) -> pb.KeyInfo:
         """Overwrite and remove a retired key whose campaigns are all closed."""
         return await self._call("DestroyKey", context, self._handlers.destroy_key(request))
 
-    async def CloseCampaign(  # noqa: N802 (gRPC method name)
-        self, request: pb.KeyCloseCampaignRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
-    ) -> pb.Campaign:
+    async def CloseCampaign(self, request: pb.KeyCloseCampaignRequest, context: Context) -> pb.Campaign:
         """End a campaign's window now; the description is re-signed."""
         return await self._call("CloseCampaign", context, self._handlers.close_campaign(request))
 
-    async def Status(  # noqa: N802 (gRPC method name)
-        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext[object, pb.StatusResponse]
-    ) -> pb.StatusResponse:
+    async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusResponse:
         """Operator summary: campaigns, tallies, rejections by reason, keys."""
         return await self._call("Status", context, self._handlers.status())
 
-    async def DeleteCampaign(  # noqa: N802 (gRPC method name)
-        self,
-        request: pb.StatusDeleteCampaignRequest,
-        context: grpc.aio.ServicerContext[object, pb.StatusDeleteCampaignResponse],
+    async def DeleteCampaign(
+        self, request: pb.StatusDeleteCampaignRequest, context: Context
     ) -> pb.StatusDeleteCampaignResponse:
         """Remove a closed campaign and everything counted for it."""
         return await self._call("DeleteCampaign", context, self._handlers.delete_campaign(request))
 
-    async def ReleaseBelowNMin(  # noqa: N802 (gRPC method name)
-        self, request: pb.ReleaseBelowNMinRequest, context: grpc.aio.ServicerContext[object, pb.Campaign]
-    ) -> pb.Campaign:
+    async def ReleaseBelowNMin(self, request: pb.ReleaseBelowNMinRequest, context: Context) -> pb.Campaign:
         """Operator: authorise batches below n_min for a while (recorded and stated)."""
         return await self._call("ReleaseBelowNMin", context, self._handlers.release_below_n_min(request))

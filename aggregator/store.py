@@ -7,46 +7,46 @@ runs every statement on one dedicated thread, each ingestion in one transaction.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
-from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict, ReleaseState
+from deniable.aggregator.ingest_plan import IngestOutcome, IngestPlan
+from deniable.aggregator.store_pipeline import (
+    BatchConflict,
+    StoreError,
+    UnknownCampaign,
+    apply_plan,
+    finish_now,
+)
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.sqlite import open_database
 from deniable.v1 import deniable_pb2 as pb
 
 T = TypeVar("T")
-CountCells = Callable[[Sequence[bytes]], npt.NDArray[np.int64]]
-DeviceCount = Callable[[Sequence[int], int], int]  # (count cells of a batch, messages) -> devices
 
-DUPLICATE_REPORT: Final = int(pb.DUPLICATE_REPORT)
-CAMPAIGN_CLOSED: Final = int(pb.CAMPAIGN_CLOSED)
 SCHEMA_VERSION: Final = 1
 PAGE_CACHE_KIB: Final = 64 * 1024
-
-
-class StoreError(Exception):
-    """Base of the errors a store raises on purpose."""
+__all__ = [  # the store's errors and outcome are defined with the pipeline, re-exported here
+    "DELETED_WITH_CAMPAIGN",
+    "SCHEMA_VERSION",
+    "AggregatorStore",
+    "BatchConflict",
+    "BatchRecord",
+    "CampaignCounts",
+    "CampaignExists",
+    "IngestOutcome",
+    "SqliteAggregatorStore",
+    "StoreError",
+    "UnknownCampaign",
+]
 
 
 class CampaignExists(StoreError):
     """A campaign with this id already exists."""
-
-
-class UnknownCampaign(StoreError):
-    """No campaign with this id."""
-
-
-class BatchConflict(StoreError):
-    """A batch id seen before arrived with a different campaign or digest."""
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,6 @@ class BatchRecord:
     campaign_id: str
     digest: bytes
     counted: int
-
-
-@dataclass(frozen=True)
-class IngestOutcome:
-    """Result of one ingestion: nothing changed if ``duplicate_batch``."""
-
-    duplicate_batch: bool
-    counted: int = 0
-    rejected: dict[int, int] = field(default_factory=dict)
 
 
 DELETED_WITH_CAMPAIGN: Final = ("counts", "rejections", "batches", "seen_reports", "retired", "releases")
@@ -113,30 +104,13 @@ class AggregatorStore(Protocol):
         transaction: (reports counted, batches) it had; UnknownCampaign if there is none."""
         ...
 
-    async def ingest(
-        self,
-        *,
-        batch_id: str,
-        campaign_id: str,
-        digest: bytes,
-        batch_size: int,
-        valid_reports: Sequence[tuple[bytes, bytes]],
-        rejected: Mapping[int, int],
-        count_cells: CountCells,
-        cells: int,
-        devices: DeviceCount | None = None,
-        release: ReleaseChunk | None = None,
-        check_release: ReleaseCheck | None = None,
-    ) -> IngestOutcome:
-        """Count one batch atomically and idempotently.
+    async def apply(self, plan: IngestPlan) -> IngestOutcome:
+        """Count one planned batch atomically and idempotently (``store_pipeline.apply_plan``).
 
-        A chunk of a ``release`` is held apart until every chunk is in; the complete release is
-        then counted as one batch (``check_release`` may refuse it: ReleaseConflict, see ADR 0023).
-
-        ``valid_reports`` are (report_id, payload) pairs that decrypted and validated; report
-        ids seen before in this campaign (or earlier in the batch) become DUPLICATE_REPORT
-        rejections. Returns ``duplicate_batch=True`` and changes nothing for a known batch id
-        with the same campaign and digest; BatchConflict if they differ; UnknownCampaign.
+        Report ids seen before in this campaign become DUPLICATE_REPORT rejections; a release
+        chunk is held apart until its release is complete (ReleaseConflict, ADR 0023). Returns
+        ``duplicate_batch=True`` and changes nothing for a known batch id with the same campaign
+        and digest; BatchConflict if they differ; UnknownCampaign.
         """
         ...
 
@@ -219,17 +193,6 @@ _INSERT_IDS_FROM_BLOB: Final = (
     " SELECT ?2, substr(?4, i * ?3 + 1, ?3) FROM n"
 )
 """Insert report ids packed in one blob; parameters: count, campaign, width of an id, blob."""
-
-
-def closed_split(
-    retired: bool, rejected: Mapping[int, int], valid_reports: Sequence[tuple[bytes, bytes]]
-) -> tuple[Mapping[int, int], Sequence[tuple[bytes, bytes]]]:
-    """For a retired campaign every valid report becomes a CAMPAIGN_CLOSED rejection."""
-    if not retired or not valid_reports:
-        return rejected, valid_reports
-    merged = dict(rejected)
-    merged[CAMPAIGN_CLOSED] = merged.get(CAMPAIGN_CLOSED, 0) + len(valid_reports)
-    return merged, ()
 
 
 class SqliteAggregatorStore:
@@ -350,124 +313,11 @@ class SqliteAggregatorStore:
 
         return await self._run(work)
 
-    async def ingest(
-        self,
-        *,
-        batch_id: str,
-        campaign_id: str,
-        digest: bytes,
-        batch_size: int,
-        valid_reports: Sequence[tuple[bytes, bytes]],
-        rejected: Mapping[int, int],
-        count_cells: CountCells,
-        cells: int,
-        devices: DeviceCount | None = None,
-        release: ReleaseChunk | None = None,
-        check_release: ReleaseCheck | None = None,
-    ) -> IngestOutcome:
-        """Count one batch atomically and idempotently (see ``AggregatorStore.ingest``)."""
+    async def apply(self, plan: IngestPlan) -> IngestOutcome:
+        """Count one planned batch atomically and idempotently (see ``AggregatorStore.apply``)."""
 
         def work(db: sqlite3.Connection) -> IngestOutcome:
-            seq = self._seq(db, campaign_id)
-            seen = db.execute(
-                "SELECT campaign, digest FROM batches WHERE batch_id = ?", (batch_id,)
-            ).fetchone()
-            if seen is not None:
-                if int(seen[0]) != seq or bytes(seen[1]) != digest:
-                    raise BatchConflict(f"batch id {batch_id!r} was already used for a different batch")
-                return IngestOutcome(duplicate_batch=True)
-
-            closed_rejected, reports = closed_split(
-                db.execute("SELECT 1 FROM retired WHERE campaign = ?", (seq,)).fetchone() is not None,
-                rejected,
-                valid_reports,
-            )
-            # Within-batch repeats: keep the first occurrence.
-            unique: dict[bytes, bytes] = {}
-            for report_id, payload in reports:
-                unique.setdefault(report_id, payload)
-            duplicates = len(reports) - len(unique)
-
-            # Repeats of earlier batches. Usually there are none: insert every id and check that
-            # each one was new; only if some were not, undo and find them through a temp table.
-            db.execute("SAVEPOINT fresh_ids")
-            before = db.total_changes
-            if unique:  # one statement over one blob of sorted ids: no Python per id, B-tree in order
-                ids = sorted(unique)
-                width = len(ids[0])
-                if all(len(rid) == width for rid in ids):
-                    db.execute(_INSERT_IDS_FROM_BLOB, (len(ids), seq, width, b"".join(ids)))
-                else:
-                    db.executemany(
-                        "INSERT OR IGNORE INTO seen_reports (campaign, report_id) VALUES (?, ?)",
-                        ((seq, rid) for rid in ids),
-                    )
-            if db.total_changes - before != len(unique):
-                db.execute("ROLLBACK TO fresh_ids")
-                db.execute("DELETE FROM incoming")
-                db.executemany("INSERT INTO incoming (report_id) VALUES (?)", ((rid,) for rid in unique))
-                known = db.execute(
-                    "SELECT i.report_id FROM incoming i JOIN seen_reports s"
-                    " ON s.campaign = ? AND s.report_id = i.report_id",
-                    (seq,),
-                ).fetchall()
-                for (report_id,) in known:
-                    del unique[bytes(report_id)]
-                duplicates += len(known)
-                db.execute(
-                    "INSERT OR IGNORE INTO seen_reports (campaign, report_id)"
-                    " SELECT ?, report_id FROM incoming",
-                    (seq,),
-                )
-                db.execute("DELETE FROM incoming")
-            db.execute("RELEASE fresh_ids")
-
-            payloads = list(unique.values())
-            counted = len(payloads)
-            tally = np.zeros(cells, dtype=np.int64)
-            if counted:
-                tally = np.asarray(count_cells(payloads), dtype=np.int64)
-                if tally.shape != (cells,) or bool(np.any(tally < 0)):
-                    raise ValueError(f"count_cells returned shape {tally.shape}, expected ({cells},)")
-            size = batch_size
-            if release is not None:
-                whole = _sqlite_release(db, seq, release, tally, counted, batch_size, check_release)
-                tally, counted, size = whole if whole is not None else (tally, 0, 0)
-            if counted:
-                db.executemany(
-                    "INSERT INTO counts (campaign, cell, count) VALUES (?, ?, ?)"
-                    " ON CONFLICT (campaign, cell) DO UPDATE SET count = count + excluded.count",
-                    ((seq, int(cell), int(tally[cell])) for cell in np.flatnonzero(tally)),
-                )
-
-            all_rejected = {int(reason): int(count) for reason, count in closed_rejected.items() if count}
-            if duplicates:
-                all_rejected[DUPLICATE_REPORT] = all_rejected.get(DUPLICATE_REPORT, 0) + duplicates
-            db.executemany(
-                "INSERT INTO rejections (campaign, reason, count) VALUES (?, ?, ?)"
-                " ON CONFLICT (campaign, reason) DO UPDATE SET count = count + excluded.count",
-                ((seq, reason, count) for reason, count in all_rejected.items()),
-            )
-
-            # A report is hidden only among the reports counted with it: rejected and repeated
-            # ones hide nobody, so the effective shuffle size is at most the counted number.
-            # Multi-message mechanisms: the shuffle hides devices, counted by ``devices``.
-            effective = min(size, counted)
-            if devices is not None and counted:
-                effective = min(effective, devices([int(c) for c in tally], counted))
-            db.execute(
-                "UPDATE campaigns SET n = n + ?, batches = batches + ?,"
-                " smallest_batch = CASE WHEN ? = 0 THEN smallest_batch"
-                " WHEN smallest_batch = 0 OR ? < smallest_batch THEN ? ELSE smallest_batch END"
-                " WHERE seq = ?",
-                (counted, int(size > 0 or release is None), effective, effective, effective, seq),
-            )
-            db.execute(
-                "INSERT INTO batches (batch_id, campaign, digest, size, counted, rejected)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (batch_id, seq, digest, batch_size, counted, json.dumps(all_rejected, sort_keys=True)),
-            )
-            return IngestOutcome(duplicate_batch=False, counted=counted, rejected=all_rejected)
+            return finish_now(apply_plan(_SqliteIngest(db), plan))
 
         return await self._run(lambda: self._transaction(work, write=True))
 
@@ -549,30 +399,111 @@ class SqliteAggregatorStore:
         self._db.close()
 
 
-def _sqlite_release(
-    db: sqlite3.Connection,
-    seq: int,
-    chunk: ReleaseChunk,
-    tally: npt.NDArray[np.int64],
-    counted: int,
-    size: int,
-    check: ReleaseCheck | None,
-) -> tuple[npt.NDArray[np.int64], int, int] | None:
-    """Hold one chunk's counts with its release; the complete release's (counts, counted, size)."""
-    row = db.execute(
-        "SELECT done, state FROM releases WHERE campaign = ? AND release_id = ?", (seq, chunk.release_id)
-    ).fetchone()
-    if row is not None and int(row[0]):
-        raise ReleaseConflict(f"release {chunk.release_id[:80]!r} is already complete")
-    state = ReleaseState.loads(str(row[1])) if row is not None else ReleaseState(chunk.count, chunk.messages)
-    complete = state.add(chunk, [int(c) for c in tally], counted, size)
-    if complete and check is not None and (problem := check(state.counts, state.counted)):
-        raise ReleaseConflict(f"release {chunk.release_id[:80]!r} is refused: {problem}")
-    db.execute(
-        "INSERT INTO releases (campaign, release_id, done, state) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (campaign, release_id) DO UPDATE SET done = excluded.done, state = excluded.state",
-        (seq, chunk.release_id, int(complete), state.dumps()),
-    )
-    if not complete:
-        return None
-    return np.asarray(state.counts, dtype=np.int64), state.counted, state.size
+class _SqliteIngest:
+    """SQLite's statements for ``apply_plan``: plain calls on the open transaction, never suspending."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    async def lock_campaign(self, campaign_id: str) -> int | None:
+        """The campaign's seq (BEGIN IMMEDIATE already holds the only write lock)."""
+        row = self._db.execute("SELECT seq FROM campaigns WHERE id = ?", (campaign_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    async def batch_record(self, batch_id: str) -> tuple[int, bytes] | None:
+        """(campaign seq, digest) of a known batch id."""
+        row = self._db.execute(
+            "SELECT campaign, digest FROM batches WHERE batch_id = ?", (batch_id,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    async def is_retired(self, seq: int) -> bool:
+        """Whether the campaign is retired."""
+        return self._db.execute("SELECT 1 FROM retired WHERE campaign = ?", (seq,)).fetchone() is not None
+
+    async def record_report_ids(self, seq: int, report_ids: list[bytes]) -> list[bytes]:
+        """Usually every id is new: insert them all and check; only if some were not, undo and
+        find them through a temp table."""
+        db = self._db
+        db.execute("SAVEPOINT fresh_ids")
+        before = db.total_changes
+        width = len(report_ids[0])
+        if all(len(rid) == width for rid in report_ids):  # one statement over one blob of sorted ids
+            db.execute(_INSERT_IDS_FROM_BLOB, (len(report_ids), seq, width, b"".join(report_ids)))
+        else:
+            db.executemany(
+                "INSERT OR IGNORE INTO seen_reports (campaign, report_id) VALUES (?, ?)",
+                ((seq, rid) for rid in report_ids),
+            )
+        known: list[bytes] = []
+        if db.total_changes - before != len(report_ids):
+            db.execute("ROLLBACK TO fresh_ids")
+            known = self._insert_through_incoming(seq, report_ids)
+        db.execute("RELEASE fresh_ids")
+        return known
+
+    def _insert_through_incoming(self, seq: int, report_ids: list[bytes]) -> list[bytes]:
+        """Find the ids seen before with a join on the temp table, then record the rest."""
+        db = self._db
+        db.execute("DELETE FROM incoming")
+        db.executemany("INSERT INTO incoming (report_id) VALUES (?)", ((rid,) for rid in report_ids))
+        known = db.execute(
+            "SELECT i.report_id FROM incoming i JOIN seen_reports s"
+            " ON s.campaign = ? AND s.report_id = i.report_id",
+            (seq,),
+        ).fetchall()
+        db.execute(
+            "INSERT OR IGNORE INTO seen_reports (campaign, report_id) SELECT ?, report_id FROM incoming",
+            (seq,),
+        )
+        db.execute("DELETE FROM incoming")
+        return [bytes(row[0]) for row in known]
+
+    async def release_state(self, seq: int, release_id: str) -> tuple[bool, str] | None:
+        """(done, state) of a release (the write lock is already held)."""
+        row = self._db.execute(
+            "SELECT done, state FROM releases WHERE campaign = ? AND release_id = ?", (seq, release_id)
+        ).fetchone()
+        return None if row is None else (bool(row[0]), str(row[1]))
+
+    async def save_release(self, seq: int, release_id: str, done: bool, state: str) -> None:
+        """Insert or replace a release's state."""
+        self._db.execute(
+            "INSERT INTO releases (campaign, release_id, done, state) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (campaign, release_id) DO UPDATE SET done = excluded.done, state = excluded.state",
+            (seq, release_id, int(done), state),
+        )
+
+    async def add_counts(self, seq: int, cells: list[int], counts: list[int]) -> None:
+        """Add to the count cells."""
+        self._db.executemany(
+            "INSERT INTO counts (campaign, cell, count) VALUES (?, ?, ?)"
+            " ON CONFLICT (campaign, cell) DO UPDATE SET count = count + excluded.count",
+            ((seq, cell, count) for cell, count in zip(cells, counts, strict=True)),
+        )
+
+    async def add_rejections(self, seq: int, rejected: Mapping[int, int]) -> None:
+        """Add rejection counts by reason."""
+        self._db.executemany(
+            "INSERT INTO rejections (campaign, reason, count) VALUES (?, ?, ?)"
+            " ON CONFLICT (campaign, reason) DO UPDATE SET count = count + excluded.count",
+            ((seq, reason, count) for reason, count in rejected.items()),
+        )
+
+    async def add_to_campaign(self, seq: int, counted: int, effective: int, batches: int) -> None:
+        """Add to n and batches; lower smallest_batch to ``effective`` unless that is 0."""
+        self._db.execute(
+            "UPDATE campaigns SET n = n + ?, batches = batches + ?,"
+            " smallest_batch = CASE WHEN ? = 0 THEN smallest_batch"
+            " WHEN smallest_batch = 0 OR ? < smallest_batch THEN ? ELSE smallest_batch END"
+            " WHERE seq = ?",
+            (counted, batches, effective, effective, effective, seq),
+        )
+
+    async def insert_batch(self, plan: IngestPlan, seq: int, counted: int) -> None:
+        """Remember the batch id (the write lock rules out a concurrent insert)."""
+        self._db.execute(
+            "INSERT INTO batches (batch_id, campaign, digest, size, counted, rejected)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (plan.batch_id, seq, plan.digest, plan.batch_size, counted, plan.rejected_json()),
+        )

@@ -22,30 +22,22 @@ with a newer version than this code knows is refused (ConfigurationError).
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Mapping, Sequence
-from typing import Final
+from collections.abc import Mapping
+from typing import Final, TypeAlias
 
 import asyncpg
-import numpy as np
-import numpy.typing as npt
 
-from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict, ReleaseState
+from deniable.aggregator.ingest_plan import IngestOutcome, IngestPlan
 from deniable.aggregator.store import (
     DELETED_WITH_CAMPAIGN,
-    DUPLICATE_REPORT,
     BatchConflict,
     BatchRecord,
     CampaignCounts,
     CampaignExists,
-    CountCells,
-    DeviceCount,
-    IngestOutcome,
     StoreError,
     UnknownCampaign,
-    closed_split,
 )
+from deniable.aggregator.store_pipeline import apply_plan
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.dsn import describe_dsn, is_postgres_dsn, one_line
 from deniable.v1 import deniable_pb2 as pb
@@ -153,50 +145,6 @@ FROM campaigns c WHERE c.id = $1
 """One statement, so one snapshot: counts, n and rejections always belong together."""
 
 
-def _tally(
-    count_cells: CountCells, payloads: list[bytes], cells: int, devices: DeviceCount | None
-) -> tuple[npt.NDArray[np.int64], int | None]:
-    """Count cells of the new payloads (and their devices), checked; run off the event loop."""
-    tally = np.asarray(count_cells(payloads), dtype=np.int64)
-    if tally.shape != (cells,) or bool(np.any(tally < 0)):
-        raise ValueError(f"count_cells returned shape {tally.shape}, expected ({cells},)")
-    return tally, None if devices is None else devices([int(c) for c in tally], len(payloads))
-
-
-async def _pg_release(
-    db: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
-    seq: int,
-    chunk: ReleaseChunk,
-    tally: npt.NDArray[np.int64],
-    counted: int,
-    size: int,
-    check: ReleaseCheck | None,
-) -> tuple[npt.NDArray[np.int64], int, int] | None:
-    """Hold one chunk's counts with its release; the complete release's (counts, counted, size)."""
-    row = await db.fetchrow(
-        "SELECT done, state FROM releases WHERE campaign = $1 AND release_id = $2 FOR UPDATE",
-        seq,
-        chunk.release_id,
-    )
-    if row is not None and bool(row[0]):
-        raise ReleaseConflict(f"release {chunk.release_id[:80]!r} is already complete")
-    state = ReleaseState.loads(str(row[1])) if row is not None else ReleaseState(chunk.count, chunk.messages)
-    complete = state.add(chunk, [int(c) for c in tally], counted, size)
-    if complete and check is not None and (problem := check(state.counts, state.counted)):
-        raise ReleaseConflict(f"release {chunk.release_id[:80]!r} is refused: {problem}")
-    await db.execute(
-        "INSERT INTO releases (campaign, release_id, done, state) VALUES ($1, $2, $3, $4)"
-        " ON CONFLICT (campaign, release_id) DO UPDATE SET done = excluded.done, state = excluded.state",
-        seq,
-        chunk.release_id,
-        complete,
-        state.dumps(),
-    )
-    if not complete:
-        return None
-    return np.asarray(state.counts, dtype=np.int64), state.counted, state.size
-
-
 class PostgresAggregatorStore:
     """Campaigns, counts and seen ids in PostgreSQL; safe for several replicas on one database."""
 
@@ -286,92 +234,10 @@ class PostgresAggregatorStore:
         )
         return None if row is None else BatchRecord(batch_id, str(row[0]), bytes(row[1]), int(row[2]))
 
-    async def ingest(
-        self,
-        *,
-        batch_id: str,
-        campaign_id: str,
-        digest: bytes,
-        batch_size: int,
-        valid_reports: Sequence[tuple[bytes, bytes]],
-        rejected: Mapping[int, int],
-        count_cells: CountCells,
-        cells: int,
-        devices: DeviceCount | None = None,
-        release: ReleaseChunk | None = None,
-        check_release: ReleaseCheck | None = None,
-    ) -> IngestOutcome:
-        """Count one batch atomically and idempotently (see ``AggregatorStore.ingest``)."""
-        pool = self._open_pool()
-        async with pool.acquire() as db, db.transaction(isolation="read_committed"):
-            seq = await db.fetchval("SELECT seq FROM campaigns WHERE id = $1 FOR NO KEY UPDATE", campaign_id)
-            if seq is None:
-                raise UnknownCampaign(campaign_id)
-            seen = await db.fetchrow("SELECT campaign, digest FROM batches WHERE batch_id = $1", batch_id)
-            if seen is not None:
-                if int(seen[0]) != seq or bytes(seen[1]) != digest:
-                    raise BatchConflict(f"batch id {batch_id!r} was already used for a different batch")
-                return IngestOutcome(duplicate_batch=True)
-
-            is_retired = await db.fetchval("SELECT 1 FROM retired WHERE campaign = $1", seq) is not None
-            rejected, reports = closed_split(is_retired, rejected, valid_reports)
-            # Within-batch repeats: keep the first occurrence.
-            unique: dict[bytes, bytes] = {}
-            for report_id, payload in reports:
-                unique.setdefault(report_id, payload)
-            duplicates = len(reports) - len(unique)
-            ids = sorted(unique)  # index order: inserts walk the B-tree once
-
-            if ids:
-                known = await db.fetch(_INSERT_REPORT_IDS, seq, ids)
-                for row in known:
-                    del unique[bytes(row[0])]
-                duplicates += len(known)
-
-            payloads = list(unique.values())
-            counted = len(payloads)
-            tally = np.zeros(cells, dtype=np.int64)
-            if counted:
-                tally, _ = await asyncio.to_thread(_tally, count_cells, payloads, cells, None)
-            size = batch_size
-            if release is not None:
-                whole = await _pg_release(db, seq, release, tally, counted, batch_size, check_release)
-                tally, counted, size = whole if whole is not None else (tally, 0, 0)
-            effective = min(size, counted)
-            if counted:
-                nonzero = np.flatnonzero(tally)
-                await db.execute(
-                    _ADD_COUNTS, seq, [int(c) for c in nonzero], [int(tally[c]) for c in nonzero]
-                )
-                # Multi-message mechanisms: the shuffle hides devices, counted by ``devices``.
-                if devices is not None:
-                    effective = min(effective, devices([int(c) for c in tally], counted))
-
-            all_rejected = {int(reason): int(count) for reason, count in rejected.items() if count}
-            if duplicates:
-                all_rejected[DUPLICATE_REPORT] = all_rejected.get(DUPLICATE_REPORT, 0) + duplicates
-            if all_rejected:
-                reasons = sorted(all_rejected)
-                await db.execute(_ADD_REJECTIONS, seq, reasons, [all_rejected[r] for r in reasons])
-
-            # A report is hidden only among the reports counted with it (see the SQLite store).
-            batches = int(size > 0 or release is None)  # an incomplete release is no batch yet
-            await db.execute(_ADD_BATCH_TO_CAMPAIGN, seq, counted, effective, batches)
-            try:
-                await db.execute(
-                    "INSERT INTO batches (batch_id, campaign, digest, size, counted, rejected)"
-                    " VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
-                    batch_id,
-                    seq,
-                    digest,
-                    batch_size,
-                    counted,
-                    json.dumps(all_rejected, sort_keys=True),
-                )
-            except asyncpg.UniqueViolationError as exc:
-                # Committed meanwhile by an ingestion into another campaign (ours is locked).
-                raise BatchConflict(f"batch id {batch_id!r} was already used for a different batch") from exc
-            return IngestOutcome(duplicate_batch=False, counted=counted, rejected=all_rejected)
+    async def apply(self, plan: IngestPlan) -> IngestOutcome:
+        """Count one planned batch atomically and idempotently (see ``AggregatorStore.apply``)."""
+        async with self._open_pool().acquire() as db, db.transaction(isolation="read_committed"):
+            return await apply_plan(_PostgresIngest(db), plan)
 
     async def snapshot(self, campaign_id: str, cells: int) -> CampaignCounts:
         """Counts (``cells`` long), n, smallest batch, rejections and batches of one campaign."""
@@ -430,7 +296,86 @@ class PostgresAggregatorStore:
         await self._pool.close()
 
 
-async def _prepare_schema(db: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], label: str) -> None:
+Connection: TypeAlias = "asyncpg.pool.PoolConnectionProxy[asyncpg.Record]"
+
+
+class _PostgresIngest:
+    """PostgreSQL's statements for ``apply_plan`` on one connection inside its transaction."""
+
+    def __init__(self, db: Connection) -> None:
+        self._db = db
+
+    async def lock_campaign(self, campaign_id: str) -> int | None:
+        """The campaign's seq, its row locked: ingestions into one campaign run one at a time."""
+        seq = await self._db.fetchval(
+            "SELECT seq FROM campaigns WHERE id = $1 FOR NO KEY UPDATE", campaign_id
+        )
+        return None if seq is None else int(seq)
+
+    async def batch_record(self, batch_id: str) -> tuple[int, bytes] | None:
+        """(campaign seq, digest) of a known batch id."""
+        row = await self._db.fetchrow("SELECT campaign, digest FROM batches WHERE batch_id = $1", batch_id)
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    async def is_retired(self, seq: int) -> bool:
+        """Whether the campaign is retired."""
+        return await self._db.fetchval("SELECT 1 FROM retired WHERE campaign = $1", seq) is not None
+
+    async def record_report_ids(self, seq: int, report_ids: list[bytes]) -> list[bytes]:
+        """Insert every id in one statement; it returns those seen before."""
+        return [bytes(row[0]) for row in await self._db.fetch(_INSERT_REPORT_IDS, seq, report_ids)]
+
+    async def release_state(self, seq: int, release_id: str) -> tuple[bool, str] | None:
+        """(done, state) of a release, its row locked for update."""
+        row = await self._db.fetchrow(
+            "SELECT done, state FROM releases WHERE campaign = $1 AND release_id = $2 FOR UPDATE",
+            seq,
+            release_id,
+        )
+        return None if row is None else (bool(row[0]), str(row[1]))
+
+    async def save_release(self, seq: int, release_id: str, done: bool, state: str) -> None:
+        """Insert or replace a release's state."""
+        await self._db.execute(
+            "INSERT INTO releases (campaign, release_id, done, state) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (campaign, release_id) DO UPDATE SET done = excluded.done, state = excluded.state",
+            seq,
+            release_id,
+            done,
+            state,
+        )
+
+    async def add_counts(self, seq: int, cells: list[int], counts: list[int]) -> None:
+        """Add to the count cells in one statement."""
+        await self._db.execute(_ADD_COUNTS, seq, cells, counts)
+
+    async def add_rejections(self, seq: int, rejected: Mapping[int, int]) -> None:
+        """Add rejection counts by reason in one statement."""
+        reasons = sorted(rejected)
+        await self._db.execute(_ADD_REJECTIONS, seq, reasons, [rejected[r] for r in reasons])
+
+    async def add_to_campaign(self, seq: int, counted: int, effective: int, batches: int) -> None:
+        """Add to n and batches; lower smallest_batch to ``effective`` unless that is 0."""
+        await self._db.execute(_ADD_BATCH_TO_CAMPAIGN, seq, counted, effective, batches)
+
+    async def insert_batch(self, plan: IngestPlan, seq: int, counted: int) -> None:
+        """Remember the batch id; a unique violation means another campaign's ingestion took it."""
+        try:
+            await self._db.execute(
+                "INSERT INTO batches (batch_id, campaign, digest, size, counted, rejected)"
+                " VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
+                plan.batch_id,
+                seq,
+                plan.digest,
+                plan.batch_size,
+                counted,
+                plan.rejected_json(),
+            )
+        except asyncpg.UniqueViolationError as exc:
+            raise BatchConflict(f"batch id {plan.batch_id!r} was already used for a different batch") from exc
+
+
+async def _prepare_schema(db: Connection, label: str) -> None:
     """Create the tables if missing and record the version; refuse a newer schema."""
     async with db.transaction():
         await db.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)

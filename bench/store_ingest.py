@@ -3,9 +3,10 @@
     python bench/store_ingest.py [--reports 100000] [--batch 5000] [--in-flight 1 2]
                                  [--dsn postgresql://...] [--repeat 3] [--json bench-results/store.json]
 
-What is timed: ``AggregatorStore.ingest`` of already decrypted reports (16-byte report ids,
-1-byte payloads, 3 count cells), batch after batch into one campaign, from the first call to the
-last commit: dedupe against every id seen before, count, commit. Decryption is not included
+What is timed: ``plan_ingest`` and ``AggregatorStore.apply`` of already decrypted reports
+(16-byte report ids, 1-byte payloads, 3 count cells), batch after batch into one campaign, from
+the first call to the last commit: plan (dedupe within the batch, count), dedupe against every
+id seen before, commit. Decryption is not included
 (see docs/performance.md for the whole pipeline). With ``--in-flight K`` there are K stores on
 the same storage (K SQLite connections; K PostgreSQL pools, as K aggregator replicas would be),
 each ingesting its share of the batches at the same time.
@@ -38,6 +39,7 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
+from deniable.aggregator.ingest_plan import Counting, plan_ingest
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
 from deniable.aggregator.store_postgres import PostgresAggregatorStore
 from deniable.v1 import deniable_pb2 as pb
@@ -83,16 +85,16 @@ async def _run(opener: Opener, batches: list[list[tuple[bytes, bytes]]], in_flig
 
         async def worker(k: int) -> None:
             for b in range(k, len(batches), in_flight):
-                await stores[k].ingest(
+                plan = plan_ingest(
                     batch_id=f"b{b}",
                     campaign_id="bench",
                     digest=b"d",
                     batch_size=len(batches[b]),
                     valid_reports=batches[b],
                     rejected={},
-                    count_cells=_count_cells,
-                    cells=CELLS,
+                    counting=Counting(cells=CELLS, count_cells=_count_cells),
                 )
+                await stores[k].apply(plan)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker(k) for k in range(in_flight)))

@@ -78,7 +78,7 @@ def test_no_finite_epsilon_is_null_with_a_reason_in_json_and_words(monkeypatch: 
     """Where no analysis gives a finite ε at the achieved n (issue 9: Balcer–Cheu planned for 20,000
     devices, counted in batches of 4,533), the answer says why and the JSON holds null, never
     Infinity. The mechanism's analysis is stubbed so the test does not depend on its range."""
-    from deniable.aggregator.handlers import privacy_statement
+    from deniable.aggregator.queries import privacy_statement
     from deniable.core.amplification.shuffle import AmplificationBound
     from deniable.core.mechanisms.balcer_cheu import BalcerCheuHistogram
     from deniable.sim.render import answer_json, dumps, privacy_line

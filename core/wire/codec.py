@@ -20,9 +20,18 @@ from deniable.core.rng import Csprng, default_rng
 
 VERSION: Final = 1
 REPORT_ID_LENGTH: Final = 16
-_HEAD = struct.Struct(">B16sIB64sH")
+_HEAD = struct.Struct(f">B{REPORT_ID_LENGTH}sIB{MAX_CAMPAIGN_ID_BYTES}sH")
 HEADER_LENGTH: Final = _HEAD.size  # 88
 PAD_MULTIPLE: Final = 16
+
+# Byte positions of the header fields (what ``_HEAD`` packs), for readers of many rows at once.
+VERSION_AT: Final = 0
+REPORT_ID_FIELD: Final = slice(1, 1 + REPORT_ID_LENGTH)
+KEY_ID_FIELD: Final = slice(REPORT_ID_FIELD.stop, REPORT_ID_FIELD.stop + 4)
+CAMPAIGN_LENGTH_AT: Final = KEY_ID_FIELD.stop
+CAMPAIGN_FIELD: Final = slice(CAMPAIGN_LENGTH_AT + 1, CAMPAIGN_LENGTH_AT + 1 + MAX_CAMPAIGN_ID_BYTES)
+PAYLOAD_LENGTH_FIELD: Final = slice(CAMPAIGN_FIELD.stop, CAMPAIGN_FIELD.stop + 2)
+assert PAYLOAD_LENGTH_FIELD.stop == HEADER_LENGTH, "field positions must follow _HEAD"
 
 
 class MalformedPlaintext(ValueError):

@@ -19,7 +19,8 @@ import grpc
 import pytest
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
-from deniable.aggregator.handlers import MAX_EXPECTED_N, MIN_EPSILON0, AggregatorHandlers
+from deniable.aggregator.campaigns import MAX_EXPECTED_N, MIN_EPSILON0
+from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.core.accounting import planner
 from deniable.core.errors import InvalidRequest
 from deniable.core.plumbing.service import insecure_channel

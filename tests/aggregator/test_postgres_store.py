@@ -18,6 +18,7 @@ import numpy.typing as npt
 import pytest
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
+from deniable.aggregator.ingest_plan import Counting, plan_ingest
 from deniable.aggregator.server import DATABASE_FILE, open_store
 from deniable.aggregator.store import SqliteAggregatorStore
 from deniable.aggregator.store_postgres import SCHEMA_VERSION, PostgresAggregatorStore
@@ -93,15 +94,16 @@ async def test_serializable_server_default_does_not_change_the_outcome(postgres_
             valid = [(os.urandom(16), b"\x01") for _ in range(100)]
             outs = await asyncio.gather(
                 *(
-                    store.ingest(
-                        batch_id=f"b{i}",
-                        campaign_id="c1",
-                        digest=b"d",
-                        batch_size=100,
-                        valid_reports=valid,
-                        rejected={},
-                        count_cells=_count_ones,
-                        cells=2,
+                    store.apply(
+                        plan_ingest(
+                            batch_id=f"b{i}",
+                            campaign_id="c1",
+                            digest=b"d",
+                            batch_size=100,
+                            valid_reports=valid,
+                            rejected={},
+                            counting=Counting(cells=2, count_cells=_count_ones),
+                        )
                     )
                     for store in (first, second)
                 )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from deniable.aggregator.ingest_plan import Counting, plan_ingest
 from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict
 from deniable.aggregator.store import (
     AggregatorStore,
@@ -64,15 +65,16 @@ async def ingest(
     digest: bytes = b"d",
     batch_size: int | None = None,
 ) -> IngestOutcome:
-    return await store.ingest(
-        batch_id=batch_id,
-        campaign_id=campaign_id,
-        digest=digest,
-        batch_size=batch_size if batch_size is not None else len(valid) + sum((rejected or {}).values()),
-        valid_reports=valid,
-        rejected=rejected or {},
-        count_cells=count_cells,
-        cells=CELLS,
+    return await store.apply(
+        plan_ingest(
+            batch_id=batch_id,
+            campaign_id=campaign_id,
+            digest=digest,
+            batch_size=batch_size if batch_size is not None else len(valid) + sum((rejected or {}).values()),
+            valid_reports=valid,
+            rejected=rejected or {},
+            counting=Counting(cells=CELLS, count_cells=count_cells),
+        )
     )
 
 
@@ -202,15 +204,16 @@ async def test_failed_count_rolls_back_everything(store: AggregatorStore) -> Non
         raise RuntimeError("tally failed")
 
     with pytest.raises(RuntimeError):
-        await store.ingest(
-            batch_id="b1",
-            campaign_id="c1",
-            digest=b"d",
-            batch_size=3,
-            valid_reports=valid,
-            rejected={UNDECRYPTABLE: 1},
-            count_cells=broken,
-            cells=CELLS,
+        await store.apply(
+            plan_ingest(
+                batch_id="b1",
+                campaign_id="c1",
+                digest=b"d",
+                batch_size=3,
+                valid_reports=valid,
+                rejected={UNDECRYPTABLE: 1},
+                counting=Counting(cells=CELLS, count_cells=broken),
+            )
         )
     assert await store.find_batch("b1") is None
     snap = await store.snapshot("c1", CELLS)
@@ -218,6 +221,38 @@ async def test_failed_count_rolls_back_everything(store: AggregatorStore) -> Non
     # The report ids were not burnt: a retry counts them.
     out = await ingest(store, "b1", valid)
     assert out.counted == 2 and out.rejected == {}
+
+
+async def test_failure_inside_the_transaction_rolls_back_everything(store: AggregatorStore) -> None:
+    """A recount that fails after the report ids were recorded (a cross-batch repeat) undoes them."""
+    await store.create_campaign(campaign())
+    earlier = reports([0])
+    await ingest(store, "b0", earlier)
+    valid = [*earlier, *reports([1, 2])]
+    calls = 0
+
+    def fails_on_recount(payloads: Sequence[bytes]) -> np.ndarray:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise RuntimeError("recount failed")
+        return count_cells(payloads)
+
+    plan = plan_ingest(
+        batch_id="b1",
+        campaign_id="c1",
+        digest=b"d",
+        batch_size=3,
+        valid_reports=valid,
+        rejected={},
+        counting=Counting(cells=CELLS, count_cells=fails_on_recount),
+    )
+    with pytest.raises(RuntimeError):
+        await store.apply(plan)
+    assert await store.find_batch("b1") is None
+    assert await store.report_id_count("c1") == 1
+    out = await ingest(store, "b1", valid)
+    assert (out.counted, out.rejected) == (2, {DUP: 1})
 
 
 async def test_state_survives_reopen(open_store: StoreOpener) -> None:
@@ -387,17 +422,17 @@ async def ingest_chunk(
     chunk: ReleaseChunk,
     check: ReleaseCheck | None = None,
 ) -> IngestOutcome:
-    return await store.ingest(
-        batch_id=batch_id,
-        campaign_id="c1",
-        digest=b"d" + batch_id.encode(),
-        batch_size=len(valid),
-        valid_reports=valid,
-        rejected={},
-        count_cells=count_cells,
-        cells=CELLS,
-        release=chunk,
-        check_release=check,
+    return await store.apply(
+        plan_ingest(
+            batch_id=batch_id,
+            campaign_id="c1",
+            digest=b"d" + batch_id.encode(),
+            batch_size=len(valid),
+            valid_reports=valid,
+            rejected={},
+            counting=Counting(cells=CELLS, count_cells=count_cells, check_release=check),
+            release=chunk,
+        )
     )
 
 

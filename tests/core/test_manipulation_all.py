@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deniable.aggregator.handlers import manipulation_budget
+from deniable.aggregator.queries import manipulation_budget
 from deniable.core import mechanisms
 from deniable.core.mechanisms import manipulation
 from deniable.core.mechanisms.base import LocalRandomiser
