@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import ast
 from pathlib import Path
+from types import ModuleType
+from typing import cast
 
 import pytest
 
@@ -44,7 +46,7 @@ def test_nothing_imports_main(path: Path) -> None:
 def test_every_command_module_is_registered() -> None:
     """Each ``cli/cmd_*.py`` is in ``COMMANDS`` and every leaf subcommand has a handler."""
     on_disk = {p.stem for p in (ROOT / "cli").glob("cmd_*.py")}
-    assert {m.__name__.rpartition(".")[2] for m in cli_main.COMMANDS} == on_disk
+    assert {cast(ModuleType, m).__name__.rpartition(".")[2] for m in cli_main.COMMANDS} == on_disk
     parser = cli_main.build_parser()
     from deniable.cli import config
 

@@ -181,7 +181,7 @@ async def test_a_batch_splitting_a_devices_shares_is_refused_and_queries_stay_an
     split = whole + devices[2][:2]  # the third device's first two messages only
     counts = randomiser.tally(split).counts
     with pytest.raises(ValueError, match="missing or extra"):  # what the old query hit (INTERNAL)
-        randomiser.estimate([int(c) for c in counts], randomiser.devices(counts, len(split)))
+        randomiser.estimate([int(c) for c in counts], randomiser.devices(counts, len(split)))  # type: ignore[arg-type]
 
     def sealed(payloads: list[bytes]) -> list[pb.EncryptedReport]:
         return [kit.seal(campaign, payload=p).report for p in payloads]

@@ -22,8 +22,9 @@ from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import Kit
+if TYPE_CHECKING:  # fixture types only
+    from support.aggregator_kit import Kit
+    from support.postgres_server import PostgresServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -231,7 +232,7 @@ async def _is(address: str, status: int) -> bool:
 
 
 async def test_health_is_not_serving_while_postgresql_is_down(
-    tmp_path: Path, postgres_server: Any, postgres_dsn: str
+    tmp_path: Path, postgres_server: PostgresServer, postgres_dsn: str
 ) -> None:
     running = await _started(tmp_path, workers=0, store=postgres_dsn)
     pg_ctl = ("pg_ctl", "-D", str(postgres_server.data), "-w", "-t", "60")

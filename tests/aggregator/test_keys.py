@@ -152,7 +152,7 @@ def test_rotation_is_per_kem_and_destroy_overwrites_then_removes(tmp_path: Path)
 
     original = keyring.get(1)
     assert original is not None
-    Path.unlink = spy  # type: ignore[method-assign]
+    Path.unlink = spy  # type: ignore[method-assign, assignment]
     try:
         keyring.destroy(1)
     finally:

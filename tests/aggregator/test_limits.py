@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -27,10 +27,10 @@ from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import Kit
+if TYPE_CHECKING:  # the kit fixture's type only
+    from support.aggregator_kit import Kit
 
-SLOW_PLAN = {"target_epsilon": 1.0, "expected_n": 10**8, "epsilon0": 0.0}
+SLOW_PLAN: dict[str, Any] = {"target_epsilon": 1.0, "expected_n": 10**8, "epsilon0": 0.0}
 
 
 @pytest.mark.parametrize(
@@ -67,10 +67,10 @@ async def test_the_smallest_allowed_epsilon0_still_answers_queries(
 
 
 def test_limits_agree_with_the_cli() -> None:
-    from deniable.cli import cmd_privacy
+    from deniable.admin import privacy  # the CLI's limits (cli/cmd_privacy.py imports them)
 
-    assert MAX_EXPECTED_N == planner.MAX_N == cmd_privacy.MAX_N
-    assert planner.MAX_DOMAIN == cmd_privacy.MAX_DOMAIN
+    assert MAX_EXPECTED_N == planner.MAX_N == privacy.MAX_N
+    assert planner.MAX_DOMAIN == privacy.MAX_DOMAIN
 
 
 def _planners() -> list[multiprocessing.process.BaseProcess]:

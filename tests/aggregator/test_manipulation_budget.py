@@ -12,8 +12,8 @@ from deniable.core.campaigns import randomiser_for
 from deniable.sim.render import answer_json, manipulation_line
 from deniable.v1 import deniable_pb2 as pb
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import Kit
+if TYPE_CHECKING:  # the kit fixture's type only
+    from support.aggregator_kit import Kit
 
 
 async def test_fake_reports_move_the_estimate_within_the_stated_budget(

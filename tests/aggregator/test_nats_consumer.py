@@ -17,8 +17,8 @@ from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggre
 from deniable.core.plumbing.jetstream import CONSUMER, STREAM, SUBJECT
 from deniable.v1 import deniable_pb2 as pb
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import Kit
+if TYPE_CHECKING:  # the kit fixture's type only
+    from support.aggregator_kit import Kit
 
 
 @pytest.fixture

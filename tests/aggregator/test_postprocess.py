@@ -27,8 +27,8 @@ from deniable.core.errors import InvalidRequest
 from deniable.core.rng import Csprng
 from deniable.v1 import deniable_pb2 as pb
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import Kit
+if TYPE_CHECKING:  # the kit fixture's type only
+    from support.aggregator_kit import Kit
 
 
 # ---------------------------------------------------------------- simplex projection

@@ -24,8 +24,8 @@ from deniable.core.plumbing.service import insecure_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import Kit
+if TYPE_CHECKING:  # the kit fixture's type only
+    from support.aggregator_kit import Kit
 
 
 LIMIT = 64 * 1024

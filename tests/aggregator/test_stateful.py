@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from deniable.aggregator.store_postgres import PostgresAggregatorStore
 from deniable.v1 import deniable_pb2 as pb
 
 MARGIN = 1000.0
-Opener = Callable[[], Awaitable[AggregatorStore]]
+Opener = Callable[[], Coroutine[Any, Any, AggregatorStore]]
 
 
 class Clock:

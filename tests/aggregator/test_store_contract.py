@@ -22,8 +22,8 @@ from deniable.aggregator.store import (
 )
 from deniable.v1 import deniable_pb2 as pb
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import StoreOpener
+if TYPE_CHECKING:  # the open_store fixture's type only
+    from support.aggregator_kit import StoreOpener
 
 
 CELLS = 3

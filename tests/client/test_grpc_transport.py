@@ -40,12 +40,13 @@ class FlakyShuffler(deniable_pb2_grpc.ShufflerServicer):
         campaign = self.campaigns.get(request.campaign_id)
         if campaign is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no campaign {request.campaign_id}")
+        assert campaign is not None  # abort raised otherwise
         return campaign
 
 
 @pytest.fixture
 async def shuffler() -> AsyncIterator[tuple[FlakyShuffler, str]]:
-    servicer = FlakyShuffler()
+    servicer = FlakyShuffler()  # type: ignore[abstract]  # the base answers UNIMPLEMENTED for the rest
     server = grpc.aio.server()
     deniable_pb2_grpc.add_ShufflerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

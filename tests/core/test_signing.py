@@ -71,7 +71,8 @@ def _change(campaign: pb.Campaign, field: FieldDescriptor) -> None:
         mapping: Any = getattr(campaign, name)
         mapping[f"k{len(mapping)}"] = 1.5
         return
-    if field.label == FieldDescriptor.LABEL_REPEATED:
+    # types-protobuf 7 dropped ``label``; the protobuf 5 runtime has no ``is_repeated`` yet.
+    if field.label == FieldDescriptor.LABEL_REPEATED:  # type: ignore[attr-defined]
         getattr(campaign, name).append(f"v{len(getattr(campaign, name))}")
         return
     current = getattr(campaign, name)
@@ -85,6 +86,7 @@ def _change(campaign: pb.Campaign, field: FieldDescriptor) -> None:
     elif kind == FieldDescriptor.TYPE_BOOL:
         setattr(campaign, name, not current)
     elif kind == FieldDescriptor.TYPE_ENUM:
+        assert field.enum_type is not None
         values = [v.number for v in field.enum_type.values]
         setattr(campaign, name, values[(values.index(current) + 1) % len(values)] or values[1])
     elif kind == FieldDescriptor.TYPE_MESSAGE:

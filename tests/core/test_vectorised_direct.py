@@ -118,7 +118,7 @@ def test_grr_with_a_weight_beyond_2_62_takes_the_exact_scalar_path() -> None:
 def test_randomise_many_checks_values_like_randomise(name: str) -> None:
     randomiser = mechanisms.create(name, epsilon0=1.0, domain_size=2)
     assert randomiser.randomise_many([]) == []
-    assert len(randomiser.randomise_many(np.array([0, 1, 1], dtype=np.uint8))) == 3
+    assert len(randomiser.randomise_many(np.array([0, 1, 1], dtype=np.uint8))) == 3  # type: ignore[arg-type]
     assert len(randomiser.randomise_many([True, False])) == 2
     for bad in ([0, 2], [-1], [0.5], ["1"]):
         with pytest.raises(ValueError):

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from support import fault_harness as harness
 
+from deniable.aggregator.server import DATABASE_FILE
 from deniable.v1 import deniable_pb2 as pb
 
 
 def _break_store(root: Path) -> None:
     """What a broken pipeline would leave: one acked report never counted, one counted twice."""
-    with sqlite3.connect(root / "agg" / harness.DATABASE_FILE) as db:
+    with sqlite3.connect(root / "agg" / DATABASE_FILE) as db:
         seq = db.execute("SELECT seq FROM campaigns WHERE id = 'fault'").fetchone()[0]
         victim = db.execute(
             "SELECT report_id FROM seen_reports WHERE campaign = ? LIMIT 1", (seq,)
@@ -49,7 +50,7 @@ async def test_pipeline_kills_and_drops_lose_and_duplicate_nothing(tmp_path: Pat
 
 def summary_campaign(root: Path) -> pb.Campaign:
     """The campaign as the aggregator stored it."""
-    with sqlite3.connect(root / "agg" / harness.DATABASE_FILE) as db:
+    with sqlite3.connect(root / "agg" / DATABASE_FILE) as db:
         body = db.execute("SELECT body FROM campaigns WHERE id = 'fault'").fetchone()[0]
     return pb.Campaign.FromString(body)
 

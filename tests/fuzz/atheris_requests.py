@@ -73,7 +73,7 @@ def check(data: bytes) -> None:
 
 def main(argv: list[str]) -> None:
     """Write the seeds into the corpus directory (first argument) and fuzz."""
-    import atheris  # the optional [fuzz] extra
+    import atheris  # type: ignore[import-untyped, import-not-found, unused-ignore]  # the optional [fuzz] extra, untyped
 
     corpus = Path(argv[1]) if len(argv) > 1 and not argv[1].startswith("-") else None
     if corpus is not None:

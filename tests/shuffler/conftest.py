@@ -109,6 +109,7 @@ class FakeAggregator(deniable_pb2_grpc.AggregatorServicer):
         campaign = self.campaigns.get(request.campaign_id)
         if campaign is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such campaign")
+        assert campaign is not None  # abort raised otherwise
         return campaign
 
     async def ListCampaigns(self, request: pb.ListCampaignsRequest, context: Any) -> pb.ListCampaignsResponse:
@@ -151,7 +152,7 @@ class Upstream:
 
 
 async def start_upstream(fake: FakeAggregator | None = None) -> Upstream:
-    fake = fake or FakeAggregator()
+    fake = fake or FakeAggregator()  # type: ignore[abstract]  # the base answers UNIMPLEMENTED for the rest
     server = service.new_server()
     deniable_pb2_grpc.add_AggregatorServicer_to_server(fake, server)
     await service.add_health(server, "deniable.v1.Aggregator")  # the shuffler's health asks it

@@ -70,7 +70,9 @@ async def test_reports_over_mqtt_are_spooled_and_acknowledged(
     assert shuffler.mqtt.metrics.messages._value.get() == 1
     client = shuffler.mqtt._client
     assert client is not None  # TCP_NODELAY: its answers must not wait on delayed ACKs (≈ 40 ms)
-    assert client._client.socket().getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    connection = client._client.socket()
+    assert isinstance(connection, socket.socket)
+    assert connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
 async def test_mqtt_reports_are_forwarded_in_a_batch_like_grpc_ones(

@@ -139,7 +139,9 @@ async def test_malformed_protobuf_is_refused_and_server_survives(
     shuffler = await start(**WAIT_FOREVER)
     channel = service.insecure_channel(shuffler.address)
     try:
-        raw = channel.unary_unary("/deniable.v1.Shuffler/SubmitReports")
+        raw: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/deniable.v1.Shuffler/SubmitReports"
+        )
         for junk in (b"\xff\xff\xff\xff", b"\x0a\x05\x0a\xff", b"\x0a" + b"\xff" * 10):
             with pytest.raises(grpc.aio.AioRpcError) as bad:
                 await raw(junk, timeout=5)

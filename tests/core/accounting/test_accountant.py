@@ -161,7 +161,7 @@ def test_central_guarantee_delegates_with_keyword_only_mechanism() -> None:
     assert specific.analysis == BinaryRRExact.name
     assert specific.epsilon < central_guarantee(2.0, 10_000, 1e-6).epsilon
     with pytest.raises(TypeError):
-        central_guarantee(2.0, 10_000, 1e-6, "binary_rr")  # type: ignore[misc]
+        central_guarantee(2.0, 10_000, 1e-6, "binary_rr")  # type: ignore[call-arg]
 
 
 def test_results_are_cached() -> None:

@@ -48,12 +48,14 @@ def test_lemma_2_converted_one_users_bound_the_configuration_exactly(eps0: float
     for a, t, b in [(0, 3, 5), (2, 4, 3), (5, 5, 0), (1, 8, 8), (0, 12, 0)]:
         for eps in (0.05, 0.3, 0.7 * eps0):
             f = np.arange(t + 1)
-            bound = float(np.dot(binom.pmf(f, t, rate), [divergence(keep, a, b + t - k, eps) for k in f]))
+            bound = float(
+                np.dot(binom.pmf(f, t, rate), [divergence(keep, a, b + t - int(k), eps) for k in f])
+            )
             actual = divergence(keep, a + t, b, eps)
             assert actual <= bound + 1e-14
             tight = max(tight, actual / bound if bound > 0 else 1.0)
             mutant = float(
-                np.dot(binom.pmf(f, t, rate / 2), [divergence(keep, a, b + t - k, eps) for k in f])
+                np.dot(binom.pmf(f, t, rate / 2), [divergence(keep, a, b + t - int(k), eps) for k in f])
             )
             broken += actual > mutant + 1e-12
     assert tight > 0.5  # the bound is not vacuous
@@ -94,11 +96,11 @@ def test_mutant_search_without_conversion_claims_too_little() -> None:
     exhaustive = exact_epsilon(keep, 1000, 1e-6)
     saved = (module._reduction, module._GRID_START, module._GRID_START_PER_RATE)
     try:
-        module._reduction = lambda size, converted: (0, 0.0)  # type: ignore[assignment]
-        module._GRID_START, module._GRID_START_PER_RATE = 4, 0  # type: ignore[misc]
+        module._reduction = lambda size, converted: (0, 0.0)
+        module._GRID_START, module._GRID_START_PER_RATE = 4, 0
         mutant = grid_epsilon(keep, 1000, 1e-6, 1.0)
     finally:
-        module._reduction, module._GRID_START, module._GRID_START_PER_RATE = saved  # type: ignore[misc]
+        module._reduction, module._GRID_START, module._GRID_START_PER_RATE = saved
     assert mutant.value < exhaustive
 
 

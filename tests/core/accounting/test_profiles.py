@@ -12,6 +12,7 @@ import pytest
 from deniable.core import mechanisms
 from deniable.core.accounting import best_delta
 from deniable.core.amplification.protocols import balcer_cheu_exact_guarantee
+from deniable.core.mechanisms.balcer_cheu import BalcerCheuHistogram
 from deniable.core.mechanisms.base import LocalRandomiser
 
 N = 10_000
@@ -69,6 +70,7 @@ def test_local_randomisers_take_the_pointwise_minimum_of_their_analyses() -> Non
 
 def test_balcer_cheu_profile_inverts_its_exact_guarantee() -> None:
     mech = mechanisms.create("balcer_cheu_histogram", epsilon0=1.0, domain_size=8, expected_n=N)
+    assert isinstance(mech, BalcerCheuHistogram)
     for target in (1e-5, 1e-7):
         eps = balcer_cheu_exact_guarantee(mech.skip, N, target).epsilon
         assert mech.privacy_profile(N, eps) <= target

@@ -141,7 +141,8 @@ def test_estimator_exact_noise_law_and_coverage_through_the_real_randomiser() ->
     mech = build(1.0, 3, expected_n=200.0, delta=1e-6)
     truth = np.array([120, 80, 0])
     values = [0] * 120 + [1] * 80
-    rounds, noise, covered = 600, [], 0
+    rounds, covered = 600, 0
+    noise: list[int] = []
     for _ in range(rounds):
         messages = [m for p in mech.randomise_many(values) for m in mech.split_messages(p)]
         tally = mech.tally(messages)
@@ -154,7 +155,7 @@ def test_estimator_exact_noise_law_and_coverage_through_the_real_randomiser() ->
     law = [(1 - a) / (1 + a) * a ** abs(w) for w in bins]
     total = 3 * rounds
     expected = [total * p for p in law] + [total * (1 - sum(law))]
-    counts = Counter(np.clip(noise, -5, 5).tolist())
+    counts: Counter[int] = Counter(np.clip(noise, -5, 5).tolist())
     observed = [counts.get(w, 0) for w in bins] + [counts.get(-5, 0) + counts.get(5, 0)]
     statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
     assert statistic <= stats.chi2.isf(ALPHA / 2, len(bins))

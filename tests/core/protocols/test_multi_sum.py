@@ -33,8 +33,8 @@ from deniable.core.mechanisms.exact import exp_lower_bound
 from deniable.core.mechanisms.multi_sum import BinomialMultiMessageSum
 from deniable.v1 import deniable_pb2 as pb
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import Kit
+if TYPE_CHECKING:  # the kit fixture's type only
+    from support.stats import Kit
 
 ALPHA = 1e-6  # false-failure rate of each statistical assertion
 Law = dict[tuple[int, ...], Fraction]

@@ -30,8 +30,8 @@ from deniable.core.mechanisms.multi_sum import MultiMessageSum
 from deniable.core.rng import Csprng, polya_alpha_bounds, polya_probability
 from deniable.v1 import deniable_pb2 as pb
 
-if TYPE_CHECKING:  # conftest is not importable at run time (importlib mode)
-    from conftest import Kit
+if TYPE_CHECKING:  # the kit fixture's type only
+    from support.stats import Kit
 
 ALPHA = 1e-6  # false-failure rate of each statistical assertion
 

@@ -189,8 +189,8 @@ def released_law(counts: tuple[int, ...], s: Fraction, tau: int) -> dict[tuple[i
         per_bucket.append(law)
     out: dict[tuple[int, ...], Fraction] = {}
     for combo in itertools.product(*(sorted(law.items()) for law in per_bucket)):
-        key = tuple(k for k, _ in combo)
-        out[key] = out.get(key, Fraction(0)) + math.prod((p for _, p in combo), start=Fraction(1))
+        outcome = tuple(k for k, _ in combo)
+        out[outcome] = out.get(outcome, Fraction(0)) + math.prod((p for _, p in combo), start=Fraction(1))
     return out
 
 
