@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 from support import astutil
+from support.imports import lint_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
 BROKEN_LIST = Path(__file__).with_name("import_contracts_broken.txt")
-LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
 FOLDERS = {
     "core": "deniable.core",
     "client": "deniable.client",
@@ -68,18 +68,6 @@ def known_broken() -> list[str]:
     """Contract ids listed in import_contracts_broken.txt (``#`` starts a comment)."""
     lines = (line.split("#", 1)[0].strip() for line in BROKEN_LIST.read_text(encoding="utf-8").splitlines())
     return [line for line in lines if line]
-
-
-def lint_imports(contracts: list[str], cwd: Path = ROOT, pythonpath: Path | None = None) -> tuple[int, str]:
-    """Run ``lint-imports`` on the given contracts; exit code and output."""
-    env = dict(os.environ)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
-    args = [LINT_IMPORTS, "--no-cache", "--no-logo", "--config", "pyproject.toml"]
-    for contract in contracts:
-        args += ["--contract", contract]
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    return result.returncode, result.stdout + result.stderr
 
 
 def test_broken_list_names_real_contracts() -> None:

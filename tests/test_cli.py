@@ -12,17 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.processes import free_port
 
 from deniable.cli.main import main
 from deniable.core.plumbing.mqtt import BrokerAddress
 
 CLI = [sys.executable, "-m", "deniable.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -64,7 +59,7 @@ def _tls(certs: Path, role: str) -> list[str]:
 def services(tmp_path: Path, certs: Path) -> Iterator[tuple[str, str]]:
     """``deniable aggregator serve`` and ``deniable shuffler serve`` as real subprocesses, with TLS;
     yields the aggregator's address and the shuffler's operator (mutual-TLS) address."""
-    agg_port, shuf_port, op_port = _free_port(), _free_port(), _free_port()
+    agg_port, shuf_port, op_port = free_port(), free_port(), free_port()
     agg = subprocess.Popen(
         [
             *CLI,

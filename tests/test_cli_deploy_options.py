@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
+from support.processes import free_port
 
 from deniable.admin.health import check
 from deniable.aggregator import AggregatorConfig, start_aggregator
@@ -29,9 +29,7 @@ async def test_health_speaks_mutual_tls_and_reports_unreachable(tmp_path: Path, 
         assert (await check(running.address, "", ClientTls(ca=dev_certs.ca), 5.0)).startswith("UNREACHABLE")
     finally:
         await running.stop()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    closed = f"127.0.0.1:{free_port()}"
     assert await check(closed, "", own, 2.0) == "UNREACHABLE(UNAVAILABLE)"
 
 

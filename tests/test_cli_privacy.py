@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import free_port
 
 from deniable.cli.main import main
 from deniable.core import mechanisms
@@ -127,16 +128,10 @@ def test_campaign_create_needs_exactly_one_way(capsys: pytest.CaptureFixture[str
 # ---------------------------------------------------------------- against a served aggregator
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def aggregator(tmp_path: Path) -> Iterator[str]:
     """``deniable aggregator serve`` as a subprocess (plaintext by name: these tests are about planning)."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             *CLI,

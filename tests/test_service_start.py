@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.processes import free_port
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.core.plumbing.service import insecure_channel
@@ -27,12 +28,6 @@ from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 CLI = [sys.executable, "-m", "deniable.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _serve_aggregator(data_dir: Path, port: int) -> subprocess.Popen[str]:
@@ -96,7 +91,7 @@ def _connected_clients(port: int) -> list[grpc.Channel]:
 
 def test_restart_on_the_same_port_right_after_sigkill_succeeds_first_time(tmp_path: Path) -> None:
     """Without SO_REUSEADDR on the probe the restart exits 2 ("address in use") during TIME_WAIT."""
-    port = _free_port()
+    port = free_port()
     first = _serve_aggregator(tmp_path / "agg", port)
     try:
         _wait_serving(port, first)
@@ -117,7 +112,7 @@ def test_restart_on_the_same_port_right_after_sigkill_succeeds_first_time(tmp_pa
 
 
 def test_a_second_service_on_a_live_port_exits_2(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     first = _serve_aggregator(tmp_path / "one", port)
     try:
         _wait_serving(port, first)
@@ -130,11 +125,11 @@ def test_a_second_service_on_a_live_port_exits_2(tmp_path: Path) -> None:
 
 
 def test_two_services_on_one_data_directory_are_refused(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     first = _serve_aggregator(tmp_path / "agg", port)
     try:
         _wait_serving(port, first)
-        line = _one_line_exit_2(_serve_aggregator(tmp_path / "agg", _free_port()))
+        line = _one_line_exit_2(_serve_aggregator(tmp_path / "agg", free_port()))
         assert "in use by another service" in line and str(first.pid) in line
         shuffler = subprocess.Popen(
             [
@@ -248,7 +243,7 @@ async def test_cancelled_watch_streams_do_not_freeze_the_service(tmp_path: Path)
 
 
 def test_query_into_a_closed_pipe_has_no_traceback(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     server = _serve_aggregator(tmp_path / "agg", port)
     try:
         _wait_serving(port, server)

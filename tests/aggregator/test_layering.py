@@ -8,16 +8,10 @@ and keys know nothing of gRPC) in ``pyproject.toml``; randomness is checked in
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.imports import lint_imports
 
 
 def test_aggregator_contracts_are_kept() -> None:
     contracts = ["sides-independent", "layers", "handlers-without-grpc"]
-    args = [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", "--no-logo"]
-    args += [arg for contract in contracts for arg in ("--contract", contract)]
-    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
+    code, output = lint_imports(contracts)
+    assert code == 0, output

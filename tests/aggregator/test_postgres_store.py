@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 import pytest
+from support.processes import free_port
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.aggregator.ingest_plan import Counting, plan_ingest
@@ -31,13 +31,6 @@ from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:  # the kit fixture's type only
     from support.aggregator_kit import Kit
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _campaign(campaign_id: str = "c1") -> pb.Campaign:
@@ -126,7 +119,7 @@ def test_dsn_description_hides_the_password() -> None:
 @pytest.mark.parametrize(
     ("dsn", "expected"),
     [
-        (f"postgresql://agg:s3cret@127.0.0.1:{_closed_port()}/counts", "cannot connect to PostgreSQL"),
+        (f"postgresql://agg:s3cret@127.0.0.1:{free_port()}/counts", "cannot connect to PostgreSQL"),
         ("postgresql://agg:s3cret@127.0.0.1:notaport/counts", "cannot connect to PostgreSQL"),
         ("mysql://agg:s3cret@127.0.0.1/counts", "must be a postgresql:// DSN"),
         ("counts.sqlite3", "must be a postgresql:// DSN"),
@@ -149,7 +142,7 @@ async def test_missing_database_is_a_configuration_error(postgres_dsn: str) -> N
 
 
 def test_cli_serve_with_unreachable_store_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    dsn = f"postgresql://agg:s3cret@127.0.0.1:{_closed_port()}/counts"
+    dsn = f"postgresql://agg:s3cret@127.0.0.1:{free_port()}/counts"
     code = main(
         [
             "aggregator",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.processes import free_port
 
 from deniable.aggregator import AggregatorConfig, RunningAggregator, serve_aggregator, start_aggregator
 from deniable.aggregator.server import DATABASE_FILE
@@ -202,9 +203,7 @@ async def test_unsafe_key_stops_startup(tmp_path: Path) -> None:
 
 
 async def test_metrics_endpoint(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        free = sock.getsockname()[1]
+    free = free_port()
     aggregator = await start_aggregator(
         AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", metrics_port=free)
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
+from support.processes import free_port
 
 from deniable.client.outbox import Outbox
 from deniable.client.reporter import Reporter
@@ -140,9 +140,7 @@ async def test_non_retryable_status_is_raised_by_send(
 
 
 async def test_unreachable_shuffler_is_retryable(make_campaign: Any, outbox: Outbox, sleeps: Any) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     campaign = make_campaign()
     transport = GrpcTransport(f"127.0.0.1:{port}", timeout_s=2.0, insecure=True)
     try:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.imports import lint_imports
+
 import deniable.client.reporter
 
 CLIENT_DIR = Path(deniable.client.reporter.__file__).parent
@@ -30,10 +32,8 @@ def test_exports() -> None:
 
 def test_source_never_imports_services() -> None:
     """import-linter's ``sides-independent`` and ``layers`` contracts (pyproject.toml, ADR 0028)."""
-    args = [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", "--no-logo"]
-    args += ["--contract", "sides-independent", "--contract", "layers"]
-    result = subprocess.run(args, cwd=CLIENT_DIR.parent, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
+    code, output = lint_imports(["sides-independent", "layers"])
+    assert code == 0, output
 
 
 def test_loading_the_client_loads_no_service() -> None:

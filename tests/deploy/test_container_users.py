@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from support.processes import free_port
 
 UID = 10001
 pytestmark = pytest.mark.skipif(
@@ -37,12 +37,6 @@ def as_uid(*groups: int) -> list[str]:
 
 def deniable(*argv: str) -> list[str]:
     return [sys.executable, "-m", "deniable.cli", *argv]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

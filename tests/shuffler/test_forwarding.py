@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +12,7 @@ from types import SimpleNamespace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.processes import free_port
 
 from deniable.core.plumbing import service
 from deniable.v1 import deniable_pb2 as pb
@@ -171,14 +171,8 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _start_child(data_dir: Path, upstream: str) -> tuple[asyncio.subprocess.Process, str]:
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",

@@ -5,7 +5,6 @@ by itself once the cause is gone; each condition has a gauge."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.processes import free_port
 
 from deniable.core.plumbing import service
 from deniable.shuffler import ShufflerConfig, start_shuffler
@@ -41,9 +41,7 @@ async def _until_status(address: str, status: int, timeout: float = 15.0) -> Non
 
 
 def _dead_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 async def test_spool_that_cannot_be_written_is_not_serving_until_it_can(

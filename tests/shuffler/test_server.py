@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 from support import astutil
+from support.imports import lint_imports
 
 from deniable.core.errors import ConfigurationError
 from deniable.shuffler.server import ShufflerConfig, start_shuffler
@@ -182,11 +183,8 @@ def test_shuffler_source_never_imports_decryption_or_other_services() -> None:
     """Imports: import-linter's ``shuffler-blind`` (also indirect), ``sides-independent`` and ``layers``
     contracts (ADR 0028), plus a direct check for the external HPKE module they cannot name.
     The address: quota.py is its one reader and keeps only a keyed hash of it."""
-    args = [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", "--no-logo"]
-    for contract in ("shuffler-blind", "sides-independent", "layers"):
-        args += ["--contract", contract]
-    linted = subprocess.run(args, cwd=SHUFFLER_DIR.parent, capture_output=True, text=True, timeout=120)
-    assert linted.returncode == 0, linted.stdout + linted.stderr
+    code, output = lint_imports(["shuffler-blind", "sides-independent", "layers"])
+    assert code == 0, output
     sources = sorted(SHUFFLER_DIR.glob("*.py"))
     assert len(sources) >= 9
     for path in sources:
