@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
+
+from support.wheels import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_holds_only_the_deniable_namespace(tmp_path: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    build_wheel(tmp_path)
     wheels = list(tmp_path.glob("deniable-*.whl"))
     assert len(wheels) == 1
     names = zipfile.ZipFile(wheels[0]).namelist()

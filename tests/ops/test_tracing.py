@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from support.sdk_services import tls_services
 
 pytest.importorskip("opentelemetry.sdk", reason="the [otel] extra is part of [dev]")  # never skipped in dev
 
@@ -19,12 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing import tracing
 from deniable.core.plumbing.certs import DevCerts
-from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
-from deniable.shuffler import ShufflerConfig, start_shuffler
+from deniable.core.plumbing.tls import ClientTls, open_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
@@ -81,41 +80,17 @@ async def test_rpc_spans_carry_codes_and_nothing_of_the_device(
     """Devices through TLS services: spans for their calls and the forward, right codes, root traces
     only (the device's traceparent is ignored, nothing is propagated to the aggregator), no identifier."""
 
-    def served(role: str) -> ServerTls:
-        return ServerTls(dev_certs.cert(role), dev_certs.key(role), dev_certs.ca)
-
-    aggregator = await start_aggregator(
-        AggregatorConfig(
-            data_dir=tmp_path / "agg",
-            listen="127.0.0.1:0",
-            tls=served("aggregator"),
-            tracer_provider=recorders["aggregator"][0],
-        )
-    )
-    try:
-        shuffler = await start_shuffler(
-            ShufflerConfig(
-                data_dir=tmp_path / "shuf",
-                upstream=aggregator.address,
-                listen="127.0.0.1:0",
-                tls=served("shuffler"),
-                tracer_provider=recorders["shuffler"][0],
-            )
-        )
-        try:
-            operator = ClientTls(dev_certs.ca, dev_certs.cert("operator"), dev_certs.key("operator"))
-            async with open_channel(aggregator.address, operator) as channel:
-                created = pb.CreateCampaignRequest(
-                    id="traced", question="On?", kind=pb.BINARY, mechanism=pb.BINARY_RR,
-                    epsilon0=1.0, delta=1e-6, n_min=1,
-                )  # fmt: skip
-                await pb_grpc.AggregatorStub(channel).CreateCampaign(created, timeout=120)
-            await _device_calls(shuffler.address, dev_certs.ca, "traced")
-            await shuffler.flush()
-        finally:
-            await shuffler.stop()
-    finally:
-        await aggregator.stop()
+    providers = {role: provider for role, (provider, _) in recorders.items()}
+    async with tls_services(tmp_path, dev_certs, providers) as (aggregator, shuffler):
+        operator = ClientTls(dev_certs.ca, dev_certs.cert("operator"), dev_certs.key("operator"))
+        async with open_channel(aggregator.address, operator) as channel:
+            created = pb.CreateCampaignRequest(
+                id="traced", question="On?", kind=pb.BINARY, mechanism=pb.BINARY_RR,
+                epsilon0=1.0, delta=1e-6, n_min=1,
+            )  # fmt: skip
+            await pb_grpc.AggregatorStub(channel).CreateCampaign(created, timeout=120)
+        await _device_calls(shuffler.address, dev_certs.ca, "traced")
+        await shuffler.flush()
     shuffler_spans = recorders["shuffler"][1].get_finished_spans()
     aggregator_spans = recorders["aggregator"][1].get_finished_spans()
     codes = {(s.name, s.attributes.get("rpc.grpc.status_code")) for s in shuffler_spans if s.attributes}

@@ -15,6 +15,7 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 from support.sdk_services import Services, binary_campaign, counted, running_services
+from support.wheels import build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE = Path(__file__).with_name("device_script.py")
@@ -67,23 +68,7 @@ async def test_a_device_without_server_packages_sends_a_counted_report(tmp_path:
 def _bare_venv(tmp_path: Path) -> Path:
     """Build the wheel and install it, no extras, into a fresh venv (pip cache reused); its python."""
     wheels = tmp_path / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(wheels),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    build_wheel(wheels)
     wheel = next(wheels.glob("deniable-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
