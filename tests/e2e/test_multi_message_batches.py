@@ -3,12 +3,16 @@ whole in one batch, every batch at least the target, every query answerable whil
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from deniable.aggregator import AggregatorConfig, start_aggregator
+from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
 from deniable.client import GrpcTransport, Outbox, Reporter
 from deniable.core.plumbing.service import insecure_channel
-from deniable.shuffler import ShufflerConfig, start_shuffler
+from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
@@ -16,16 +20,22 @@ DEVICES = 120
 TARGET = 25
 
 
-async def test_split_and_mix_sum_in_many_batches_counts_every_device(tmp_path: Path) -> None:
-    """120 devices, 9 messages each, sent 7 messages a request (not a multiple of 9): requests are
-    completed to whole devices, the shuffler cuts only between requests at ≥ 25 devices (the rest,
-    ≥ n_min, at the window's close), and the
-    aggregator (which refuses a batch splitting a device) counts all of them. Queries between the
-    releases never fail. Before: batches were cut anywhere and the query hit INTERNAL."""
+@dataclass
+class Pipeline:
+    """Both services, the operator's stub and one simulated source's transport and outbox."""
+
+    aggregator: RunningAggregator
+    shuffler: RunningShuffler
+    operator: pb_grpc.AggregatorAsyncStub
+    transport: GrpcTransport
+    outbox: Outbox
+
+
+@asynccontextmanager
+async def insecure_pipeline(tmp_path: Path, **shuffler_options: Any) -> AsyncIterator[Pipeline]:
+    """Aggregator and shuffler without TLS (these tests are about batches, not TLS); all closed on exit."""
     aggregator = await start_aggregator(
-        AggregatorConfig(
-            data_dir=tmp_path / "agg", listen="127.0.0.1:0", insecure=True
-        )  # about batches, not TLS
+        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", insecure=True)
     )
     shuffler = await start_shuffler(
         ShufflerConfig(
@@ -34,27 +44,47 @@ async def test_split_and_mix_sum_in_many_batches_counts_every_device(tmp_path: P
             listen="127.0.0.1:0",
             insecure=True,
             quota_per_source=0,  # one simulated source sends for every device
-            batch_interval_s=0.05,
+            **shuffler_options,
         )
     )
     channel = insecure_channel(aggregator.address)
     transport = GrpcTransport(shuffler.address, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")
     try:
-        operator = pb_grpc.AggregatorStub(channel)
-        request = pb.CreateCampaignRequest(
-            id="sum",
-            question="Did it?",
-            kind=pb.BINARY,
-            mechanism=pb.MULTI_MESSAGE_SUM,
-            epsilon0=2.0,
-            n_min=10,
-            batch_target=TARGET,
-            params={"expected_n": float(TARGET)},
-        )
-        campaign = await operator.CreateCampaign(request, timeout=60)
+        yield Pipeline(aggregator, shuffler, pb_grpc.AggregatorStub(channel), transport, outbox)
+    finally:
+        outbox.close()
+        await transport.close()
+        await channel.close()
+        await shuffler.stop()
+        await aggregator.stop()
+
+
+def sum_campaign(batch_target: int) -> pb.CreateCampaignRequest:
+    """The multi-message binary sum campaign "sum", planned for batches of ``batch_target`` devices."""
+    return pb.CreateCampaignRequest(
+        id="sum",
+        question="Did it?",
+        kind=pb.BINARY,
+        mechanism=pb.MULTI_MESSAGE_SUM,
+        epsilon0=2.0,
+        n_min=10,
+        batch_target=batch_target,
+        params={"expected_n": float(batch_target)},
+    )
+
+
+async def test_split_and_mix_sum_in_many_batches_counts_every_device(tmp_path: Path) -> None:
+    """120 devices, 9 messages each, sent 7 messages a request (not a multiple of 9): requests are
+    completed to whole devices, the shuffler cuts only between requests at ≥ 25 devices (the rest,
+    ≥ n_min, at the window's close), and the
+    aggregator (which refuses a batch splitting a device) counts all of them. Queries between the
+    releases never fail. Before: batches were cut anywhere and the query hit INTERNAL."""
+    async with insecure_pipeline(tmp_path, batch_interval_s=0.05) as pipeline:
+        aggregator, shuffler, operator = pipeline.aggregator, pipeline.shuffler, pipeline.operator
+        campaign = await operator.CreateCampaign(sum_campaign(TARGET), timeout=60)
         reporter = await Reporter.fetch(
-            "sum", transport, outbox, insecure_skip_verify=True
+            "sum", pipeline.transport, pipeline.outbox, insecure_skip_verify=True
         )  # about batches, not signatures
         answers = []
         for first in range(0, DEVICES, 20):  # devices arrive 20 at a time; a query after each wave
@@ -85,12 +115,6 @@ async def test_split_and_mix_sum_in_many_batches_counts_every_device(tmp_path: P
         assert len(answers) == DEVICES // 20  # every query between releases answered (no INTERNAL)
         assert [a.n for a in answers] == sorted(a.n for a in answers)
         assert 'outcome="incomplete"' not in aggregator.handlers.metrics.exposition().decode()
-    finally:
-        outbox.close()
-        await transport.close()
-        await channel.close()
-        await shuffler.stop()
-        await aggregator.stop()
 
 
 async def test_a_release_larger_than_a_batch_is_one_shuffle_stated_at_its_total(tmp_path: Path) -> None:
@@ -98,37 +122,14 @@ async def test_a_release_larger_than_a_batch_is_one_shuffle_stated_at_its_total(
     several times one batch's byte limit travels as chunks of one permutation, and the aggregator
     states it at its total (every device), as one batch; before, each chunk was its own shuffle
     and the statement was at the smallest chunk."""
-    aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", insecure=True)
-    )
-    shuffler = await start_shuffler(
-        ShufflerConfig(
-            data_dir=tmp_path / "shuf",
-            upstream=aggregator.address,
-            listen="127.0.0.1:0",
-            insecure=True,
-            quota_per_source=0,
-            batch_interval_s=3600.0,  # released by the flush below
-            max_batch_bytes=40_000,  # about 200 messages of 144 + 32 bytes per chunk
-        )
-    )
-    channel = insecure_channel(aggregator.address)
-    transport = GrpcTransport(shuffler.address, insecure=True)
-    outbox = Outbox(tmp_path / "outbox.db")
-    try:
-        operator = pb_grpc.AggregatorStub(channel)
-        request = pb.CreateCampaignRequest(
-            id="sum",
-            question="Did it?",
-            kind=pb.BINARY,
-            mechanism=pb.MULTI_MESSAGE_SUM,
-            epsilon0=2.0,
-            n_min=10,
-            batch_target=DEVICES,
-            params={"expected_n": float(DEVICES)},
-        )
-        await operator.CreateCampaign(request, timeout=60)
-        reporter = await Reporter.fetch("sum", transport, outbox, insecure_skip_verify=True)
+    async with insecure_pipeline(
+        tmp_path,
+        batch_interval_s=3600.0,  # released by the flush below
+        max_batch_bytes=40_000,  # about 200 messages of 144 + 32 bytes per chunk
+    ) as pipeline:
+        shuffler, operator = pipeline.shuffler, pipeline.operator
+        await operator.CreateCampaign(sum_campaign(DEVICES), timeout=60)
+        reporter = await Reporter.fetch("sum", pipeline.transport, pipeline.outbox, insecure_skip_verify=True)
         reporter.record_many([i % 2 for i in range(DEVICES)])
         sent = await reporter.send_pending()
         assert sent.pending == 0 and sent.rejected == 0, sent
@@ -146,9 +147,3 @@ async def test_a_release_larger_than_a_batch_is_one_shuffle_stated_at_its_total(
         )
         assert final.privacy.incomplete_releases == 0
         assert "below the campaign's batch target" not in final.privacy.note
-    finally:
-        outbox.close()
-        await transport.close()
-        await channel.close()
-        await shuffler.stop()
-        await aggregator.stop()
