@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from support.stack import tls_pair
 
 from deniable.admin.campaigns import (
     CampaignSpec,
@@ -25,11 +26,11 @@ from deniable.admin.privacy import amplification, profile_table
 from deniable.admin.queries import query
 from deniable.admin.shuffler import flush, release_below_n_min, spool, spool_rows
 from deniable.admin.status import gather_status
-from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
+from deniable.aggregator import RunningAggregator
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.certs import DevCerts
-from deniable.core.plumbing.tls import ClientTls, ServerTls
-from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
+from deniable.core.plumbing.tls import ClientTls
+from deniable.shuffler import RunningShuffler
 from deniable.v1 import deniable_pb2 as pb
 
 NOW = 1_800_000_000.0
@@ -45,27 +46,12 @@ class Deployment:
 
 @pytest.fixture
 async def deployment(tmp_path: Path, dev_certs: DevCerts) -> AsyncIterator[Deployment]:
-    def files(role: str) -> ServerTls:
-        return ServerTls(dev_certs.cert(role), dev_certs.key(role), dev_certs.ca)
-
-    aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", tls=files("aggregator"))
-    )
-    shuffler = await start_shuffler(
-        ShufflerConfig(
-            data_dir=tmp_path / "shuf",
-            upstream=aggregator.address,
-            listen="127.0.0.1:0",
-            operator_listen="127.0.0.1:0",
-            tls=files("shuffler"),
-        )
-    )
-    operator = ClientTls(ca=dev_certs.ca, cert=dev_certs.cert("operator"), key=dev_certs.key("operator"))
-    try:
+    async with tls_pair(tmp_path, dev_certs, grace=1.0, operator_listen="127.0.0.1:0") as (
+        aggregator,
+        shuffler,
+    ):
+        operator = ClientTls(ca=dev_certs.ca, cert=dev_certs.cert("operator"), key=dev_certs.key("operator"))
         yield Deployment(aggregator, shuffler, operator, tmp_path / "agg")
-    finally:
-        await shuffler.stop(grace=1.0)
-        await aggregator.stop(grace=1.0)
 
 
 def test_spec_builds_the_request_and_checks_planning_inputs() -> None:

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
+from support.stack import start_insecure_pair
+
+from deniable.aggregator import RunningAggregator
 from deniable.client import GrpcTransport, Outbox, Reporter
 from deniable.core.plumbing.service import insecure_channel
-from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
+from deniable.shuffler import RunningShuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
@@ -34,19 +36,8 @@ class Pipeline:
 @asynccontextmanager
 async def insecure_pipeline(tmp_path: Path, **shuffler_options: Any) -> AsyncIterator[Pipeline]:
     """Aggregator and shuffler without TLS (these tests are about batches, not TLS); all closed on exit."""
-    aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", insecure=True)
-    )
-    shuffler = await start_shuffler(
-        ShufflerConfig(
-            data_dir=tmp_path / "shuf",
-            upstream=aggregator.address,
-            listen="127.0.0.1:0",
-            insecure=True,
-            quota_per_source=0,  # one simulated source sends for every device
-            **shuffler_options,
-        )
-    )
+    # quota_per_source=0: one simulated source sends for every device
+    aggregator, shuffler = await start_insecure_pair(tmp_path, quota_per_source=0, **shuffler_options)
     channel = insecure_channel(aggregator.address)
     transport = GrpcTransport(shuffler.address, insecure=True)
     outbox = Outbox(tmp_path / "outbox.db")

@@ -11,15 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.stack import tls_pair
 
-from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
+from deniable.aggregator import RunningAggregator
 from deniable.cli.main import main
 from deniable.core.campaigns import randomiser_for
 from deniable.core.crypto import PublicKey, seal_report
 from deniable.core.plumbing.certs import DevCerts
-from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing.tls import ClientTls, open_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
-from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
+from deniable.shuffler import RunningShuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
@@ -49,26 +50,11 @@ class Stack:
 
 @pytest.fixture
 async def stack(tmp_path: Path, dev_certs: DevCerts) -> AsyncIterator[Stack]:
-    def files(role: str) -> ServerTls:
-        return ServerTls(dev_certs.cert(role), dev_certs.key(role), dev_certs.ca)
-
-    aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", tls=files("aggregator"))
-    )
-    shuffler = await start_shuffler(
-        ShufflerConfig(
-            data_dir=tmp_path / "shuf",
-            upstream=aggregator.address,
-            listen="127.0.0.1:0",
-            operator_listen="127.0.0.1:0",
-            tls=files("shuffler"),
-        )
-    )
-    try:
+    async with tls_pair(tmp_path, dev_certs, grace=1.0, operator_listen="127.0.0.1:0") as (
+        aggregator,
+        shuffler,
+    ):
         yield Stack(aggregator, shuffler, dev_certs)
-    finally:
-        await shuffler.stop(grace=1.0)
-        await aggregator.stop(grace=1.0)
 
 
 def sealed(campaign: pb.Campaign, count: int, garbage: int = 0) -> list[pb.EncryptedReport]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support.sdk_services import tls_services
+from support.stack import tls_pair
 
 pytest.importorskip("opentelemetry.sdk", reason="the [otel] extra is part of [dev]")  # never skipped in dev
 
@@ -80,8 +80,12 @@ async def test_rpc_spans_carry_codes_and_nothing_of_the_device(
     """Devices through TLS services: spans for their calls and the forward, right codes, root traces
     only (the device's traceparent is ignored, nothing is propagated to the aggregator), no identifier."""
 
-    providers = {role: provider for role, (provider, _) in recorders.items()}
-    async with tls_services(tmp_path, dev_certs, providers) as (aggregator, shuffler):
+    async with tls_pair(
+        tmp_path,
+        dev_certs,
+        aggregator_options={"tracer_provider": recorders["aggregator"][0]},
+        tracer_provider=recorders["shuffler"][0],
+    ) as (aggregator, shuffler):
         operator = ClientTls(dev_certs.ca, dev_certs.cert("operator"), dev_certs.key("operator"))
         async with open_channel(aggregator.address, operator) as channel:
             created = pb.CreateCampaignRequest(

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
-from deniable.core.plumbing.certs import DEV_ROLES, DevCerts, write_dev_certs
-from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
-from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
+from deniable.core.plumbing.certs import DEV_ROLES, write_dev_certs
+from deniable.core.plumbing.tls import ClientTls, open_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
+from support.stack import tls_pair
 
 
 @dataclass
@@ -60,50 +58,13 @@ def categorical_campaign(campaign_id: str, labels: Sequence[str], n_min: int = 1
 
 
 @asynccontextmanager
-async def tls_services(
-    workdir: Path, certs: DevCerts, tracer_providers: Mapping[str, Any] | None = None
-) -> AsyncIterator[tuple[RunningAggregator, RunningShuffler]]:
-    """An aggregator and a shuffler serving TLS on loopback with ``certs``' role certificates, stopped
-    on exit; ``tracer_providers`` (by role) record their spans (ADR 0024)."""
-    providers = tracer_providers or {}
-
-    def served(role: str) -> ServerTls:
-        return ServerTls(certs.cert(role), certs.key(role), certs.ca)
-
-    aggregator = await start_aggregator(
-        AggregatorConfig(
-            data_dir=workdir / "aggregator",
-            listen="127.0.0.1:0",
-            tls=served("aggregator"),
-            tracer_provider=providers.get("aggregator"),
-        )
-    )
-    try:
-        shuffler = await start_shuffler(
-            ShufflerConfig(
-                data_dir=workdir / "shuffler",
-                upstream=aggregator.address,
-                listen="127.0.0.1:0",
-                tls=served("shuffler"),
-                tracer_provider=providers.get("shuffler"),
-            )
-        )
-        try:
-            yield aggregator, shuffler
-        finally:
-            await shuffler.stop()
-    finally:
-        await aggregator.stop()
-
-
-@asynccontextmanager
 async def running_services(
     workdir: Path, requests: Sequence[pb.CreateCampaignRequest]
 ) -> AsyncIterator[Services]:
     """Start an aggregator and a shuffler (TLS on loopback, development certificates in
     ``workdir/certs``: devices verify the shuffler with ``certs/ca.pem``), create ``requests``."""
     certs = write_dev_certs(workdir / "certs", roles=DEV_ROLES)
-    async with tls_services(workdir, certs) as (aggregator, shuffler):
+    async with tls_pair(workdir, certs) as (aggregator, shuffler):
         operator_tls = ClientTls(certs.ca, certs.cert("operator"), certs.key("operator"))
         channel = open_channel(aggregator.address, operator_tls)
         operator = pb_grpc.AggregatorStub(channel)

@@ -1,14 +1,18 @@
-"""A plaintext aggregator and shuffler on loopback, the shuffler forwarding to the aggregator.
-
-For end-to-end tests whose subject is not TLS; ``shuffler_options`` are ``ShufflerConfig`` fields.
+"""An aggregator and a shuffler on loopback, the shuffler forwarding to the aggregator: plaintext
+(for end-to-end tests whose subject is not TLS) or TLS with development certificates.
+``shuffler_options`` are ``ShufflerConfig`` fields.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
+from deniable.core.plumbing.certs import DevCerts
+from deniable.core.plumbing.tls import ServerTls
 from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
 
 
@@ -29,3 +33,44 @@ async def start_insecure_pair(
         )
     )
     return aggregator, shuffler
+
+
+@asynccontextmanager
+async def tls_pair(
+    tmp_path: Path,
+    certs: DevCerts,
+    *,
+    grace: float = 5.0,
+    aggregator_options: Mapping[str, Any] | None = None,
+    **shuffler_options: Any,
+) -> AsyncIterator[tuple[RunningAggregator, RunningShuffler]]:
+    """Aggregator (tmp_path/agg) and shuffler (tmp_path/shuf) serving TLS with ``certs``' role
+    certificates; both stopped on exit, in-flight RPCs given ``grace`` seconds."""
+
+    def served(role: str) -> ServerTls:
+        return ServerTls(certs.cert(role), certs.key(role), certs.ca)
+
+    aggregator = await start_aggregator(
+        AggregatorConfig(
+            data_dir=tmp_path / "agg",
+            listen="127.0.0.1:0",
+            tls=served("aggregator"),
+            **(aggregator_options or {}),
+        )
+    )
+    try:
+        shuffler = await start_shuffler(
+            ShufflerConfig(
+                data_dir=tmp_path / "shuf",
+                upstream=aggregator.address,
+                listen="127.0.0.1:0",
+                tls=served("shuffler"),
+                **shuffler_options,
+            )
+        )
+        try:
+            yield aggregator, shuffler
+        finally:
+            await shuffler.stop(grace=grace)
+    finally:
+        await aggregator.stop(grace=grace)
