@@ -6,11 +6,11 @@ No timing is asserted anywhere: the figures only have to exist and be positive.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.logs import preserved_logger
 
 from deniable.cli.main import main
 from deniable.sim import bench_libraries
@@ -20,12 +20,8 @@ from deniable.sim.bench_libraries import LibraryConfig, compare, format_comparis
 @pytest.fixture(autouse=True)
 def _keep_logging() -> Iterator[None]:
     """``main`` configures the ``deniable`` logger (no propagation): put it back for later tests."""
-    logger = logging.getLogger("deniable")
-    handlers, level, propagate = logger.handlers[:], logger.level, logger.propagate
-    yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-    logger.propagate = propagate
+    with preserved_logger("deniable"):
+        yield
 
 
 DOCUMENTED_KEYS = (

@@ -4,13 +4,13 @@ valid PNG plots; arrival patterns have the shape they claim. No timing is assert
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.logs import preserved_logger
 
 from deniable.cli.main import main
 from deniable.sim.benchkit import ServiceProcess
@@ -20,12 +20,8 @@ from deniable.sim.loadtest import BURST_FACTOR, BURST_SHARE, BURSTS, arrival_tim
 @pytest.fixture(autouse=True)
 def _keep_logging() -> Iterator[None]:
     """``main`` configures the ``deniable`` logger (no propagation): put it back for later tests."""
-    logger = logging.getLogger("deniable")
-    handlers, level, propagate = logger.handlers[:], logger.level, logger.propagate
-    yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-    logger.propagate = propagate
+    with preserved_logger("deniable"):
+        yield
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from support.clock import Clock
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.aggregator.handlers import AggregatorHandlers
@@ -19,16 +20,6 @@ from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 MMS_PARAMS = {"expected_n": 500.0, "delta": 1e-6}
-
-
-class Clock:
-    """A settable wall clock for the handlers."""
-
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.clock import Clock
 
 from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
@@ -20,16 +21,6 @@ from deniable.aggregator.store import SqliteAggregatorStore
 from deniable.core.crypto import PublicKey, seal_report
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.v1 import deniable_pb2 as pb
-
-
-class Clock:
-    """A settable clock."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _flip(report: pb.EncryptedReport, at: int) -> pb.EncryptedReport:

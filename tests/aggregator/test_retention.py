@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.clock import Clock
 
 from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
@@ -18,16 +19,6 @@ from deniable.v1 import deniable_pb2 as pb
 MARGIN = 100.0
 CLOSED = int(pb.CAMPAIGN_CLOSED)
 DUP = int(pb.DUPLICATE_REPORT)
-
-
-class Clock:
-    """A settable clock for the handlers."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

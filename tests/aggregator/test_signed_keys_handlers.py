@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support.clock import Clock
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.aggregator.handlers import AggregatorHandlers
@@ -17,16 +18,6 @@ from deniable.aggregator.store import SqliteAggregatorStore
 from deniable.core.crypto import HYBRID_SUITE_NAME, SUITE_NAME, verify_campaign
 from deniable.core.errors import ConfigurationError, FailedPrecondition, InvalidRequest
 from deniable.v1 import deniable_pb2 as pb
-
-
-class Clock:
-    """A settable clock for the handlers."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

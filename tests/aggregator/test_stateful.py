@@ -27,6 +27,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from support.clock import Clock
 
 from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
@@ -37,16 +38,6 @@ from deniable.v1 import deniable_pb2 as pb
 
 MARGIN = 1000.0
 Opener = Callable[[], Coroutine[Any, Any, AggregatorStore]]
-
-
-class Clock:
-    """A settable clock shared by the handlers across restarts."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Pipeline(RuleBasedStateMachine):

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.logs import preserved_logger
 
 from deniable.core.plumbing import logs
 from deniable.sim.demo import run_pipeline
@@ -21,10 +22,8 @@ MS_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
     """Put the root and ``deniable`` loggers back as they were (configure_logging is global)."""
-    root, ours = logging.getLogger(), logging.getLogger("deniable")
-    saved = (root.handlers[:], root.level, ours.handlers[:], ours.level, ours.propagate)
-    yield
-    root.handlers[:], root.level, ours.handlers[:], ours.level, ours.propagate = saved
+    with preserved_logger(""), preserved_logger("deniable"):
+        yield
 
 
 def test_every_logger_writes_json_lines_with_milliseconds(
