@@ -7,16 +7,14 @@ rather than skip. The broker itself: tests/support/mqtt_broker.py.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import mqtt_broker as mqtt_broker_module
-from support.processes import free_port
+from support.processes import free_port, wait_listening
 
 from deniable.core.plumbing.certs import DEV_ROLES, DevCerts, write_dev_certs
 from deniable.core.plumbing.mqtt import BrokerAddress
@@ -119,14 +117,10 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("nats-server did not start", pytrace=False)
-            time.sleep(0.05)
+        try:
+            wait_listening(port, proc)
+        except AssertionError as exc:
+            pytest.fail(f"nats-server did not start: {exc}", pytrace=False)
         yield f"nats://127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -7,12 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.processes import free_port
+from support.processes import free_port, wait_listening
 
 from deniable.cli.main import main
 from deniable.core.plumbing.mqtt import BrokerAddress
@@ -22,18 +21,6 @@ CLI = [sys.executable, "-m", "deniable.cli"]
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _wait_listening(port: int, proc: subprocess.Popen[str], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"service exited early: {proc.stderr.read() if proc.stderr else ''}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listened on port {port}")
 
 
 @pytest.fixture
@@ -93,9 +80,9 @@ def services(tmp_path: Path, certs: Path) -> Iterator[tuple[str, str]]:
         text=True,
     )
     try:
-        _wait_listening(agg_port, agg)
-        _wait_listening(shuf_port, shuf)
-        _wait_listening(op_port, shuf)
+        wait_listening(agg_port, agg)
+        wait_listening(shuf_port, shuf)
+        wait_listening(op_port, shuf)
         yield f"127.0.0.1:{agg_port}", f"127.0.0.1:{op_port}"
     finally:
         for proc in (shuf, agg):

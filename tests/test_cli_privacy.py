@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import math
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.processes import free_port
+from support.processes import free_port, wait_listening
 
 from deniable.cli.main import main
 from deniable.core import mechanisms
@@ -147,14 +145,7 @@ def aggregator(tmp_path: Path) -> Iterator[str]:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "aggregator did not listen"
-            time.sleep(0.1)
+        wait_listening(port, proc)
         yield f"127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -13,7 +13,6 @@ import asyncio
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ import asyncpg
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.processes import free_port
+from support.processes import free_port, wait_listening
 
 from deniable.aggregator.keys import KEYS_DIR, Keyring
 from deniable.core.campaigns import randomiser_for
@@ -46,18 +45,6 @@ BATCH_TARGET = 100
 """Requests hold exactly this many reports, so whatever a shuffler holds is released at the target."""
 
 
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"service exited early ({proc.returncode})")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listened on port {port}")
-
-
 @contextmanager
 def _services(commands: list[tuple[list[str], int]], root: Path) -> Iterator[None]:
     """``deniable ... serve`` processes, all started at once; SIGTERM at the end, exit 0 required."""
@@ -70,7 +57,7 @@ def _services(commands: list[tuple[list[str], int]], root: Path) -> Iterator[Non
                 proc = subprocess.Popen([*CLI, *args, "--insecure"], stdout=out, stderr=subprocess.STDOUT)
             procs.append((proc, log))
         for (proc, _), (_, port) in zip(procs, commands, strict=True):
-            _wait_listening(port, proc)
+            wait_listening(port, proc, timeout=60)
         yield
     finally:
         for proc, _ in procs:
@@ -341,7 +328,7 @@ def test_a_worker_killed_mid_batch_has_it_redelivered_and_counted_once(
     a_args, a_port, _ = _aggregator_args(tmp_path, keys, "agg-a", store, nats_url)
     a = subprocess.Popen([*CLI, *a_args, "--insecure"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_listening(a_port, a)
+        wait_listening(a_port, a, timeout=60)
         shuffler_port = free_port()
         shuffler = [
             "shuffler",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -11,6 +14,21 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def wait_listening(port: int, proc: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    """Return once something accepts on loopback ``port``; AssertionError if ``proc`` exits first
+    (with its stderr, when piped) or nothing listens within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            errors = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"service exited early ({proc.returncode}): {errors!s}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listened on port {port}")
 
 
 def children(pid: int) -> set[int]:
