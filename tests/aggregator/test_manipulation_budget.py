@@ -16,6 +16,28 @@ if TYPE_CHECKING:  # the kit fixture's type only
     from support.aggregator_kit import Kit
 
 
+async def _fakes_move_within_budget(
+    handlers: AggregatorHandlers,
+    kit: Kit,
+    campaign: pb.Campaign,
+    before: pb.QueryResponse,
+    target: int,
+    payload: bytes,
+) -> float:
+    """Ingest the budget's m fakes carrying ``payload``: every estimate moves within the stated budget
+    and the ``target`` bucket by exactly its max_raise (attained); how far the target moved."""
+    budget = before.manipulation
+    fakes = [kit.seal(campaign, payload=payload).report for _ in range(budget.fake_reports)]
+    await handlers.ingest_batch(kit.batch_of(campaign.id, fakes, "fakes"))
+    after = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
+    for j, (old, new) in enumerate(zip(before.buckets, after.buckets, strict=True)):
+        moved = new.estimate - old.estimate
+        assert -budget.max_lower[j] - 1e-6 <= moved <= budget.max_raise[j] + 1e-6
+    moved_target = after.buckets[target].estimate - before.buckets[target].estimate
+    assert moved_target == pytest.approx(budget.max_raise[target], rel=1e-6)  # attained
+    return moved_target
+
+
 async def test_fake_reports_move_the_estimate_within_the_stated_budget(
     handlers: AggregatorHandlers, kit: Kit
 ) -> None:
@@ -28,14 +50,7 @@ async def test_fake_reports_move_the_estimate_within_the_stated_budget(
     assert len(budget.max_raise) == len(budget.max_lower) == 3
     target = 2  # the attacker's bucket: m copies of the payload that pushes it up most
     payload = randomiser_for(campaign).fake_payloads()[target]  # type: ignore[index]
-    fakes = [kit.seal(campaign, payload=payload).report for _ in range(budget.fake_reports)]
-    await handlers.ingest_batch(kit.batch_of(campaign.id, fakes, "fakes"))
-    after = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
-    for j, (old, new) in enumerate(zip(before.buckets, after.buckets, strict=True)):
-        moved = new.estimate - old.estimate
-        assert -budget.max_lower[j] - 1e-6 <= moved <= budget.max_raise[j] + 1e-6
-    moved_target = after.buckets[target].estimate - before.buckets[target].estimate
-    assert moved_target == pytest.approx(budget.max_raise[target], rel=1e-6)  # attained
+    moved_target = await _fakes_move_within_budget(handlers, kit, campaign, before, target, payload)
     assert moved_target > 0.99 * budget.max_raise[target]  # a smaller bound would be violated
 
 
@@ -119,11 +134,4 @@ async def test_closed_form_budgets_hold_through_the_real_ingest_path(
     assert budget.computed and budget.fake_reports == 4 and len(budget.max_raise) == 20
     target = 3
     payload = _supporting_payload(campaign, target)
-    fakes = [kit.seal(campaign, payload=payload).report for _ in range(budget.fake_reports)]
-    await handlers.ingest_batch(kit.batch_of(campaign.id, fakes, "fakes"))
-    after = await handlers.query(pb.QueryRequest(campaign_id=campaign.id), binary=False)
-    for j, (old, new) in enumerate(zip(before.buckets, after.buckets, strict=True)):
-        moved = new.estimate - old.estimate
-        assert -budget.max_lower[j] - 1e-6 <= moved <= budget.max_raise[j] + 1e-6
-    moved_target = after.buckets[target].estimate - before.buckets[target].estimate
-    assert moved_target == pytest.approx(budget.max_raise[target], rel=1e-6)
+    await _fakes_move_within_budget(handlers, kit, campaign, before, target, payload)

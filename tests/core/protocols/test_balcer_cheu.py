@@ -136,16 +136,8 @@ def test_shuffled_multiset_is_x_plus_independent_binomials() -> None:
     """n = 3 devices, d = 3: convolving the exact per-device laws gives the law of the shuffled
     count vector, which is exactly c_j = x_j + Bin(n, p) independently, presence = n."""
     mech = build(1.0, 3, expected_n=1000.0, skip_probability=0.25)
-    values = (0, 0, 2)
-    joint: dict[tuple[int, ...], Fraction] = {(0, 0, 0, 0): Fraction(1)}
-    for v in values:
-        step: dict[tuple[int, ...], Fraction] = {}
-        for payload, prob in mech.output_distribution(v).items():
-            add = count_vector(mech, payload)
-            for key, p in joint.items():
-                new = tuple(a + b for a, b in zip(key, add, strict=True))
-                step[new] = step.get(new, Fraction(0)) + p * prob
-        joint = step
+    assert mech.count_cells == 4  # three buckets and the presence cell
+    joint = shuffled_law(mech, (0, 0, 2))
     p = mech.send
     binom = [math.comb(3, k) * p**k * (1 - p) ** (3 - k) for k in range(4)]
     truth = (2, 0, 1)
