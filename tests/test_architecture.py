@@ -96,7 +96,9 @@ SYNTHETIC_TREE = (
     "core/accounting/b", "core/plumbing/",
     "core/plumbing/service", "core/other/", "core/other/leaf", "client/", "shuffler/", "shuffler/spool",
     "shuffler/handlers", "aggregator/", "aggregator/handlers", "aggregator/store", "aggregator/decrypt",
-    "aggregator/keys", "cli/", "admin/", "sim/", "v1/",
+    "aggregator/keys", "aggregator/campaigns", "aggregator/ingest", "aggregator/ingest_plan",
+    "aggregator/queries", "aggregator/key_admin", "aggregator/context", "aggregator/store_pipeline",
+    "aggregator/store_postgres", "cli/", "admin/", "sim/", "v1/",
 )  # fmt: skip
 
 
