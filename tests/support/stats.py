@@ -13,10 +13,12 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from fractions import Fraction
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
+from deniable.core import mechanisms
 from deniable.core.audit import (
     AuditResult,
     EstimatorCheck,
@@ -27,6 +29,17 @@ from deniable.core.audit import (
 )
 from deniable.core.mechanisms.base import Estimate, IntArray, LocalRandomiser
 from deniable.core.mechanisms.unary import BitmapOracle
+
+Mechanism = TypeVar("Mechanism", bound=LocalRandomiser)
+
+
+def created(cls: type[Mechanism], name: str | None = None, /, **params: Any) -> Mechanism:
+    """``mechanisms.create`` (registry and parameter checks included) narrowed to ``cls``, whose
+    registered name is the default: how the mechanism tests build the mechanism they test."""
+    mech = mechanisms.create(name or cls.name, **params)
+    assert isinstance(mech, cls)
+    return mech
+
 
 DIGITS = 60  # decimal digits of the exp behind exp_interval
 

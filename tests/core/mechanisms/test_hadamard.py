@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from support import stats as kit
+from support.stats import created
 
 from deniable.core import mechanisms
 from deniable.core.audit import TIMING_BOUND, chi_square_fit, timing_separation
@@ -33,9 +34,7 @@ EXACT_IDS = [f"eps{eps}-d{d}" for eps, d in EXACT_CONFIGS]
 
 
 def build(eps: float, d: int) -> HadamardResponse:
-    mech = mechanisms.create("hadamard_response", epsilon0=eps, domain_size=d)
-    assert isinstance(mech, HadamardResponse)
-    return mech
+    return created(HadamardResponse, epsilon0=eps, domain_size=d)
 
 
 def hadamard_matrix(order: int) -> np.ndarray:

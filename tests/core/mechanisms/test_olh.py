@@ -17,6 +17,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from support import stats as kit
+from support.stats import created
 
 from deniable.core import mechanisms
 from deniable.core.audit import TIMING_BOUND, chi_square_fit, timing_separation
@@ -43,9 +44,7 @@ EXACT_IDS = [f"eps{eps}-g{g}-d{d}" for eps, g, d in EXACT_CONFIGS]
 
 
 def build(eps: float, d: int, g: int | None = None) -> OptimisedLocalHashing:
-    mech = mechanisms.create("olh", epsilon0=eps, domain_size=d, **({} if g is None else {"g": g}))
-    assert isinstance(mech, OptimisedLocalHashing)
-    return mech
+    return created(OptimisedLocalHashing, epsilon0=eps, domain_size=d, **({} if g is None else {"g": g}))
 
 
 def decode(mech: OptimisedLocalHashing, payload: bytes) -> tuple[int, int]:

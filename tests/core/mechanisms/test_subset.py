@@ -20,6 +20,7 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 from support import stats as kit
+from support.stats import created
 
 from deniable.core import campaigns, mechanisms
 from deniable.core.audit import (
@@ -44,9 +45,7 @@ EXACT = [(eps, d, None) for eps in EPSILONS for d in (2, 3, 5, 9)] + [(1.0, 9, w
 
 def build(eps: float, d: int, omega: float | None = None) -> SubsetSelection:
     params = {} if omega is None else {"subset_size": omega}
-    mech = mechanisms.create("subset_selection", epsilon0=eps, domain_size=d, **params)
-    assert isinstance(mech, SubsetSelection)
-    return mech
+    return created(SubsetSelection, epsilon0=eps, domain_size=d, **params)
 
 
 def members(payload: bytes, d: int) -> frozenset[int]:

@@ -18,6 +18,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
+from support.stats import created
 
 from deniable.core import mechanisms
 from deniable.core.accounting.planner import expected_std_error
@@ -30,9 +31,7 @@ ALPHA = 1e-6  # false-failure rate of each statistical assertion
 
 
 def build(eps: float = 1.0, d: int = 4, **params: float) -> BalcerCheuHistogram:
-    mech = mechanisms.create("balcer_cheu_histogram", epsilon0=eps, domain_size=d, **params)
-    assert isinstance(mech, BalcerCheuHistogram)
-    return mech
+    return created(BalcerCheuHistogram, epsilon0=eps, domain_size=d, **params)
 
 
 # --------------------------------------------------------------------------- parameters

@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
+from support.stats import created
 
 from deniable.core import mechanisms
 from deniable.core.amplification.protocols import GRID, cheu_guarantee
@@ -26,9 +27,7 @@ ALPHA = 1e-6  # false-failure rate of each statistical assertion
 
 
 def build(eps: float = 1.0, **params: float) -> CheuBinarySum:
-    mech = mechanisms.create("cheu_binary_sum", epsilon0=eps, domain_size=2, **params)
-    assert isinstance(mech, CheuBinarySum)
-    return mech
+    return created(CheuBinarySum, epsilon0=eps, domain_size=2, **params)
 
 
 # --------------------------------------------------------------------------- parameters

@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
+from support.stats import created
 
 from deniable.core import audit, mechanisms
 from deniable.core.accounting.planner import central_laplace, expected_std_error
@@ -31,9 +32,7 @@ ALPHA = 1e-6  # false-failure rate of each statistical assertion
 
 
 def build(eps: float = 1.0, d: int = 4, **params: float) -> MultiMessageHistogram:
-    mech = mechanisms.create("multi_message_histogram", epsilon0=eps, domain_size=d, **params)
-    assert isinstance(mech, MultiMessageHistogram)
-    return mech
+    return created(MultiMessageHistogram, epsilon0=eps, domain_size=d, **params)
 
 
 # --------------------------------------------------------------------------- exact privacy

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 from scipy import stats
+from support.stats import created
 
 from deniable.core import mechanisms
 from deniable.core.amplification.protocols import (
@@ -41,9 +42,7 @@ Law = dict[tuple[int, ...], Fraction]
 
 
 def build(eps: float = 1.0, **params: float) -> BinomialMultiMessageSum:
-    mech = mechanisms.create("multi_message_sum_binomial", epsilon0=eps, domain_size=2, **params)
-    assert isinstance(mech, BinomialMultiMessageSum)
-    return mech
+    return created(BinomialMultiMessageSum, epsilon0=eps, domain_size=2, **params)
 
 
 # --------------------------------------------------------------------------- brute force

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 from scipy import stats
+from support.stats import created
 
 from deniable.core import audit, mechanisms
 from deniable.core.amplification.protocols import (
@@ -37,9 +38,7 @@ ALPHA = 1e-6  # false-failure rate of each statistical assertion
 
 
 def build(eps: float = 1.0, **params: float) -> MultiMessageSum:
-    mech = mechanisms.create("multi_message_sum", epsilon0=eps, domain_size=2, **params)
-    assert isinstance(mech, MultiMessageSum)
-    return mech
+    return created(MultiMessageSum, epsilon0=eps, domain_size=2, **params)
 
 
 def exact_alpha(nonzero: Fraction, shares: int) -> Fraction:

@@ -17,6 +17,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
+from support.stats import created
 
 from deniable.core import mechanisms
 from deniable.core.amplification.protocols import sample_threshold_add_delta, sample_threshold_guarantee
@@ -35,9 +36,7 @@ ALPHA = 1e-6  # false-failure rate of each statistical assertion
 
 
 def build(eps: float = 20.0, d: int = 4, **params: float) -> SampleAndThreshold:
-    mech = mechanisms.create("sample_and_threshold", epsilon0=eps, domain_size=d, **params)
-    assert isinstance(mech, SampleAndThreshold)
-    return mech
+    return created(SampleAndThreshold, epsilon0=eps, domain_size=d, **params)
 
 
 # --------------------------------------------------------------------------- parameters
