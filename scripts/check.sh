@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Static checks: ruff, mypy --strict over a path view of the deniable namespace, the import-linter
-# contracts, proto drift; optionally mypy on tests (MYPY_TESTS=1) and the duplicate-code check
-# (DUPCHECK=1) until the lead switches them on after issue 13's refactors (ADR 0028).
+# contracts, the duplicate-code check, proto drift; optionally mypy on tests (MYPY_TESTS=1) until
+# the lead switches it on after issue 13's refactors (ADR 0028).
 # mypy cannot follow the editable install's import hook, so build/typecheck/deniable holds
 # symlinks to the top-level folders, mirroring the package-dir mapping in pyproject.toml.
 set -euo pipefail
@@ -35,14 +35,12 @@ if [ "${MYPY_TESTS:-0}" = 1 ]; then
   MYPYPATH="$view:tests" mypy --allow-untyped-defs --allow-incomplete-defs --allow-untyped-calls \
     --allow-untyped-decorators --check-untyped-defs --exclude 'tests/fault/(run|soak)\.py$' tests
 fi
-if [ "${DUPCHECK:-0}" = 1 ]; then
-  # pylint's similarity checker (R0801) over the product code: 8 or more equal lines, imports,
-  # docstrings, comments and signatures ignored; generated stubs are outside the product folders.
-  echo "== duplicate code (pylint R0801)"
-  pylint --disable=all --enable=duplicate-code --min-similarity-lines=8 --ignore-imports=yes \
-    --ignore-docstrings=yes --ignore-comments=yes --ignore-signatures=yes --ignore-patterns='.*_pb2.*' \
-    --score=no "${PRODUCT[@]}"
-fi
+# pylint's similarity checker (R0801) over the product code: 8 or more equal lines, imports,
+# docstrings, comments and signatures ignored; generated stubs are outside the product folders.
+echo "== duplicate code (pylint R0801)"
+pylint --disable=all --enable=duplicate-code --min-similarity-lines=8 --ignore-imports=yes \
+  --ignore-docstrings=yes --ignore-comments=yes --ignore-signatures=yes --ignore-patterns='.*_pb2.*' \
+  --score=no "${PRODUCT[@]}"
 echo "== proto stubs"
 scripts/gen_proto.sh --check
 echo "static checks passed"
