@@ -21,12 +21,12 @@ from deniable.aggregator.context import HandlerContext
 from deniable.aggregator.decrypt import OK, Envelope, Opened, open_packed, open_reports, unpack_opened
 from deniable.aggregator.ingest_plan import CountCells, Counting, IngestOutcome, IngestPlan, plan_ingest
 from deniable.aggregator.pool import DecryptPool, PoolUnavailable
-from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict
+from deniable.aggregator.releases import ReleaseCheck, ReleaseConflict
 from deniable.aggregator.store import (
     BatchConflict,
     UnknownCampaign,
 )
-from deniable.core.batches import batch_digest
+from deniable.core.batches import ReleaseChunk, batch_digest
 from deniable.core.campaigns import randomiser_for
 from deniable.core.errors import (
     AlreadyExists,

@@ -16,7 +16,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict, ReleaseState
+from deniable.aggregator.releases import ReleaseCheck, ReleaseConflict, ReleaseState
+from deniable.core.batches import ReleaseChunk
 from deniable.v1 import deniable_pb2 as pb
 
 CountCells = Callable[[Sequence[bytes]], npt.NDArray[np.int64]]

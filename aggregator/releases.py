@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
 
-MAX_CHUNKS: Final = 1_000_000
-MAX_RELEASE_MESSAGES: Final = 10**10
+from deniable.core.batches import ReleaseChunk
 
 ReleaseCheck = Callable[[Sequence[int], int], "str | None"]
 """(a complete release's count cells, messages counted) -> why it is refused, or None."""
@@ -22,24 +20,6 @@ ReleaseCheck = Callable[[Sequence[int], int], "str | None"]
 
 class ReleaseConflict(Exception):
     """A chunk disagrees with its release, or a complete release is refused (FAILED_PRECONDITION)."""
-
-
-@dataclass(frozen=True)
-class ReleaseChunk:
-    """What a ShuffledBatch says about its release: id, chunk index, chunk count, total messages."""
-
-    release_id: str
-    index: int
-    count: int
-    messages: int
-
-    def problem(self, size: int) -> str | None:
-        """Why this claim is malformed for a chunk of ``size`` messages (INVALID_ARGUMENT), or None."""
-        if not 1 <= self.count <= MAX_CHUNKS or not 0 <= self.index < self.count:
-            return f"chunk {self.index} of {self.count} is not a valid place in a release"
-        if not size <= self.messages <= MAX_RELEASE_MESSAGES:
-            return f"release total {self.messages} is below this chunk's {size} messages or too large"
-        return None
 
 
 @dataclass

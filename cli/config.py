@@ -29,7 +29,7 @@ _FALSE: Final = frozenset({"0", "false", "no", "off", ""})
 _NOT_CONFIGURABLE: Final = frozenset({"help", "version", "config", "command", "action"})
 OWN_SOURCES: Final = frozenset({"store", "store_file", "spool_store", "spool_store_file"})
 """Database DSNs: the service reads their flags, then $DENIABLE_<NAME>, then $DENIABLE_<NAME>_FILE
-itself (cli/main.py, docs/storage.md); they stay out of the file so that order holds and no
+itself (cli/options.py, docs/storage.md); they stay out of the file so that order holds and no
 password lands in a config file."""
 
 

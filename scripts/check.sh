@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Static checks: ruff, mypy --strict over a path view of the deniable namespace, the import-linter
-# contracts, mypy on tests, proto drift; optionally the duplicate-code check (DUPCHECK=1) until the
-# lead switches it on after issue 13's refactors (ADR 0028).
+# contracts, mypy on tests, the duplicate-code check and proto drift (ADR 0028).
 # mypy cannot follow the editable install's import hook, so build/typecheck/deniable holds
 # symlinks to the top-level folders, mirroring the package-dir mapping in pyproject.toml.
 set -euo pipefail
@@ -33,14 +32,12 @@ lint-imports --no-cache --no-logo $contracts
 echo "== mypy tests/ (check_untyped_defs)"
 MYPYPATH="$view:tests" mypy --allow-untyped-defs --allow-incomplete-defs --allow-untyped-calls \
   --allow-untyped-decorators --check-untyped-defs tests
-if [ "${DUPCHECK:-0}" = 1 ]; then
-  # pylint's similarity checker (R0801) over the product code: 8 or more equal lines, imports,
-  # docstrings, comments and signatures ignored; generated stubs are outside the product folders.
-  echo "== duplicate code (pylint R0801)"
-  pylint --disable=all --enable=duplicate-code --min-similarity-lines=8 --ignore-imports=yes \
-    --ignore-docstrings=yes --ignore-comments=yes --ignore-signatures=yes --ignore-patterns='.*_pb2.*' \
-    --score=no "${PRODUCT[@]}"
-fi
+# pylint's similarity checker (R0801) over the product code: 8 or more equal lines, imports,
+# docstrings, comments and signatures ignored; generated stubs are outside the product folders.
+echo "== duplicate code (pylint R0801)"
+pylint --disable=all --enable=duplicate-code --min-similarity-lines=8 --ignore-imports=yes \
+  --ignore-docstrings=yes --ignore-comments=yes --ignore-signatures=yes --ignore-patterns='.*_pb2.*' \
+  --score=no "${PRODUCT[@]}"
 echo "== proto stubs"
 scripts/gen_proto.sh --check
 echo "static checks passed"

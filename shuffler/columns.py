@@ -15,8 +15,8 @@ from typing import Final, overload
 import numpy as np
 import numpy.typing as npt
 
-from deniable.core.batches import batch_digest, rows_digest
-from deniable.core.protowire import length_delimited, report_prefix, varint
+from deniable.core.batches import ReleaseChunk, batch_digest, rows_digest
+from deniable.core.protowire import length_delimited, report_prefix
 from deniable.shuffler.spool import BatchRecord, Envelope, Permutation, new_batch_id
 from deniable.v1 import deniable_pb2 as pb
 
@@ -193,23 +193,6 @@ def shuffled_batch_wire(batch_id: str, campaign_id: str, digest: bytes, columns:
     """
     wire, _ = batch_wire(batch_id, campaign_id, columns, np.arange(columns.count, dtype=np.int64), digest)
     return bytes(wire)
-
-
-@dataclass(frozen=True)
-class ReleaseChunk:
-    """Where a chunk sits in its release (ADR 0023): one permutation cut into ``count`` chunks."""
-
-    release_id: str
-    index: int
-    count: int
-    messages: int
-
-    def wire(self) -> bytes:
-        """ShuffledBatch fields 9-12 (release id, chunk index, chunk count, release messages)."""
-        out = length_delimited(9, self.release_id.encode("utf-8"))
-        for number, value in ((10, self.index), (11, self.count), (12, self.messages)):
-            out += varint(number << 3) + varint(value) if value else b""
-        return out
 
 
 def release_slices(

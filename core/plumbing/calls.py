@@ -6,7 +6,7 @@ Shared by the metrics and tracing interceptors (core/plumbing/metrics.py, core/p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -38,3 +38,22 @@ def code_name(context: Any, error: BaseException | None) -> str:
     if isinstance(error, asyncio.CancelledError):
         return "CANCELLED"
     return "UNKNOWN"
+
+
+Wrap = Callable[[Any], Any]
+"""Takes a handler's behaviour (``behaviour(request, context)``) and returns the wrapped one."""
+
+
+def wrap_behaviour(handler: Any, unary: Wrap, streaming: Wrap) -> Any:
+    """``handler`` with its behaviour wrapped by ``unary`` (one response) or ``streaming`` (a response
+    stream); returned as is when it is None or not grpc's namedtuple ``RpcMethodHandler``."""
+    replace = getattr(handler, "_replace", None)
+    if handler is None or replace is None:
+        return handler
+    for kind in ("unary_unary", "stream_unary"):
+        if (behaviour := getattr(handler, kind)) is not None:
+            return replace(**{kind: unary(behaviour)})
+    for kind in ("unary_stream", "stream_stream"):
+        if (behaviour := getattr(handler, kind)) is not None:
+            return replace(**{kind: streaming(behaviour)})
+    return handler

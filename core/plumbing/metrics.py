@@ -29,7 +29,7 @@ from prometheus_client.gc_collector import GCCollector
 
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.build import version
-from deniable.core.plumbing.calls import code_name, stream_items
+from deniable.core.plumbing.calls import code_name, stream_items, wrap_behaviour
 from deniable.core.plumbing.tracing import internal_span
 
 LATENCY_BUCKETS: Final = (
@@ -192,19 +192,12 @@ class RequestMetricsInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(details)
-        replace = getattr(handler, "_replace", None)  # grpc's RpcMethodHandler is a namedtuple
-        if handler is None or replace is None:
-            return handler
         rpc = snake_case(details.method.rsplit("/", 1)[-1])
-        for kind in ("unary_unary", "stream_unary"):
-            behaviour = getattr(handler, kind)
-            if behaviour is not None:
-                return replace(**{kind: self._unary(behaviour, rpc)})  # type: ignore[no-any-return]
-        for kind in ("unary_stream", "stream_stream"):
-            behaviour = getattr(handler, kind)
-            if behaviour is not None:
-                return replace(**{kind: self._streaming(behaviour, rpc)})  # type: ignore[no-any-return]
-        return handler
+        return wrap_behaviour(  # type: ignore[no-any-return]
+            handler,
+            lambda behaviour: self._unary(behaviour, rpc),
+            lambda behaviour: self._streaming(behaviour, rpc),
+        )
 
     def _finish(self, rpc: str, context: Any, started: float, error: BaseException | None) -> None:
         self._record(rpc, code_name(context, error), time.perf_counter() - started)

@@ -15,7 +15,7 @@ from typing import Any, Final
 import grpc
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.plumbing.calls import code_name, stream_items
+from deniable.core.plumbing.calls import code_name, stream_items, wrap_behaviour
 
 EXTRA_HINT: Final = "tracing needs the otel extra: pip install 'deniable[otel]'"
 
@@ -62,17 +62,12 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(details)
-        replace = getattr(handler, "_replace", None)  # grpc's RpcMethodHandler is a namedtuple
-        if handler is None or replace is None:
-            return handler
         service, _, method = details.method.lstrip("/").rpartition("/")
-        for kind in ("unary_unary", "stream_unary"):
-            if (behaviour := getattr(handler, kind)) is not None:
-                return replace(**{kind: self._unary(behaviour, service, method)})  # type: ignore[no-any-return]
-        for kind in ("unary_stream", "stream_stream"):
-            if (behaviour := getattr(handler, kind)) is not None:
-                return replace(**{kind: self._streaming(behaviour, service, method)})  # type: ignore[no-any-return]
-        return handler
+        return wrap_behaviour(  # type: ignore[no-any-return]
+            handler,
+            lambda behaviour: self._unary(behaviour, service, method),
+            lambda behaviour: self._streaming(behaviour, service, method),
+        )
 
     def _start(self, service: str, method: str) -> Any:
         """A root span (empty parent context: incoming trace context is ignored by construction)."""

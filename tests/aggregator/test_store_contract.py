@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from deniable.aggregator.ingest_plan import Counting, plan_ingest
-from deniable.aggregator.releases import ReleaseCheck, ReleaseChunk, ReleaseConflict
+from deniable.aggregator.releases import ReleaseCheck, ReleaseConflict
 from deniable.aggregator.store import (
     AggregatorStore,
     BatchConflict,
@@ -20,6 +20,7 @@ from deniable.aggregator.store import (
     IngestOutcome,
     UnknownCampaign,
 )
+from deniable.core.batches import ReleaseChunk
 from deniable.v1 import deniable_pb2 as pb
 
 if TYPE_CHECKING:  # the open_store fixture's type only

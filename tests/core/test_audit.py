@@ -4,6 +4,7 @@ goodness-of-fit and estimator checks pass what is right and catch what is wrong.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from fractions import Fraction
 
 import pytest
 
@@ -98,6 +99,23 @@ def test_chi_square_fit_pools_outputs_expected_fewer_than_5_times() -> None:
     expected = {out: round(500 * float(p)) for out, p in law.items()}  # the 99 others: 3.3 each
     fit = chi_square_fit(expected, law)
     assert fit.cells == 2 and not fit.rejects
+
+
+def test_fit_false_rejection_rate_is_at_most_alpha_exactly_where_pearson_is_not() -> None:
+    """Exact, not sampled: a law with a rare output (expected 6.7 times in 20,000) and every
+    possible count of it. Rejecting on Pearson's chi-square critical value would fail an honest
+    sampler ~10 times as often as alpha; the exact per-cell decision stays at most alpha."""
+    from scipy import stats
+
+    law = {b"\x00": Fraction(1, 3000), b"\x01": Fraction(2999, 3000)}
+    n, alpha = 20_000, 1e-6
+    exact_rate = pearson_rate = 0.0
+    for rare in range(0, 400):
+        fit = chi_square_fit({b"\x00": rare, b"\x01": n - rare}, law, alpha)
+        probability = float(stats.binom.pmf(rare, n, 1 / 3000))
+        exact_rate += probability * fit.rejects
+        pearson_rate += probability * (fit.statistic > fit.critical)
+    assert exact_rate <= alpha < pearson_rate / 5
 
 
 # ----------------------------------------------------------------------------- the estimator
