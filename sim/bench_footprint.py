@@ -1,0 +1,86 @@
+"""Installed size and import cost of the SDK: the engine of ``bench/sdk_footprint.py``.
+
+Builds the project's wheel, installs it into a fresh venv (reusing pip's cache; needs the network
+or a local index) and measures site-packages and ``import deniable.client`` there.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROBE = (
+    "import sys, time; t = time.perf_counter(); import deniable.client; "
+    "print(time.perf_counter() - t, len(sys.modules))"
+)
+TOOLING = ("pip", "setuptools", "_distutils_hack", "pkg_resources")
+
+
+@dataclass
+class FootprintConfig:
+    """The project to build, the extras to install with it, and import timings to take."""
+
+    project: Path
+    extras: str = ""
+    repeat: int = 5
+
+
+def build_wheel(project: Path, out: Path) -> Path:
+    """The project's wheel, built without build isolation (setuptools from this interpreter)."""
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out)]
+    subprocess.run([*cmd, str(project)], check=True, capture_output=True)
+    return next(out.glob("deniable-*.whl"))
+
+
+def install(venv: Path, wheel: Path, extras: str) -> Path:
+    """A fresh venv with the wheel (and ``extras``) installed; its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    target = f"deniable[{extras}] @ {wheel.as_uri()}" if extras else str(wheel)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", target], check=True)
+    return python
+
+
+def site_packages_mb(python: Path) -> float:
+    """Size of the interpreter's site-packages without pip and setuptools themselves."""
+    where = subprocess.check_output([str(python), "-c", "import site; print(site.getsitepackages()[0])"], text=True)
+    site = Path(where.strip())
+    total = sum(
+        f.stat().st_size
+        for f in site.rglob("*")
+        if f.is_file() and not f.relative_to(site).parts[0].startswith(TOOLING)
+    )
+    return total / 1e6
+
+
+def import_cost(python: Path, repeat: int) -> tuple[float, int]:
+    """Median seconds of ``import deniable.client`` over ``repeat`` new interpreters, and modules loaded."""
+    runs = [subprocess.check_output([str(python), "-c", PROBE], text=True).split() for _ in range(repeat)]
+    return statistics.median(float(t) for t, _ in runs), int(runs[0][1])
+
+
+def measure(python: Path, extras: str, repeat: int) -> dict[str, Any]:
+    """The footprint of the installation behind ``python``."""
+    seconds, modules = import_cost(python, repeat)
+    dists = subprocess.check_output([str(python), "-m", "pip", "list", "--format=json"], text=True)
+    return {
+        "extras": extras,
+        "site_packages_mb": round(site_packages_mb(python), 1),
+        "import_s_median": round(seconds, 3),
+        "modules": modules,
+        "distributions": sorted(d["name"] for d in json.loads(dists)),
+    }
+
+
+def run_footprint(config: FootprintConfig) -> dict[str, Any]:
+    """Build, install into a throwaway venv, measure."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = build_wheel(config.project, Path(tmp))
+        python = install(Path(tmp) / "venv", wheel, config.extras)
+        return measure(python, config.extras, config.repeat)
