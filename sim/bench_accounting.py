@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 from deniable.core import mechanisms
@@ -190,12 +191,12 @@ def multi_message_rows(config: ShuffleOnlyConfig, n: int) -> list[str]:
         mech = mechanisms.create(name, epsilon0=eps, domain_size=2, expected_n=n, delta=delta)
         p, shares = float(mech.noise), mech.shape_devices  # type: ignore[attr-defined]
         stated = mech.central_guarantee(n, delta).epsilon
-        ideal = smallest_epsilon(lambda e, n=n, p=p, s=shares: noise_delta(n, p, e, s), delta)
+        ideal = smallest_epsilon(partial(noise_delta, n, p, polya_shares=shares), delta)
         rows.append(f"| {name} | {n} | {stated:.4g} | ≥ {ideal:.4g} | noise-only ε of the ideal sum |")
     mh = mechanisms.create("multi_message_histogram", epsilon0=eps, domain_size=32, expected_n=n, delta=delta)
     p = float(mh.noise)  # type: ignore[attr-defined]
     stated = mh.central_guarantee(n, delta).epsilon
-    ideal = smallest_epsilon(lambda e, n=n, p=p: multi_histogram_noise_delta(n, p, n, e), delta)
+    ideal = smallest_epsilon(partial(multi_histogram_noise_delta, n, p, n), delta)
     rows.append(
         f"| multi_message_histogram | {n} | {stated:.4g} | ≥ {ideal:.4g} | noise-only ε of the ideal sums |"
     )
@@ -204,9 +205,12 @@ def multi_message_rows(config: ShuffleOnlyConfig, n: int) -> list[str]:
 
 def sample_and_threshold_row(config: ShuffleOnlyConfig, n: int) -> str:
     """sample_and_threshold: n-free, stated only."""
-    st = mechanisms.create("sample_and_threshold", epsilon0=config.epsilon, domain_size=32, delta=config.delta)
+    st = mechanisms.create(
+        "sample_and_threshold", epsilon0=config.epsilon, domain_size=32, delta=config.delta
+    )
+    stated = st.central_guarantee(n, config.delta).epsilon
     return (
-        f"| sample_and_threshold | {n} | {st.central_guarantee(n, config.delta).epsilon:.4g} | not recomputed |"
+        f"| sample_and_threshold | {n} | {stated:.4g} | not recomputed |"
         " n-free; two buckets composed by adding the losing one's ln(1/(1-s)) |"
     )
 
@@ -226,7 +230,8 @@ def error_rows(config: ShuffleOnlyConfig) -> list[str]:
     """Markdown table: standard error per bucket against central Laplace, and the device's cost."""
     n = config.error_n
     rows = [
-        "| protocol | d | std error / bucket | central Laplace | ratio | messages / device | bytes / device |",
+        "| protocol | d | std error / bucket | central Laplace | ratio | messages / device"
+        " | bytes / device |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for d in config.domains:

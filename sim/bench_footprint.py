@@ -22,6 +22,12 @@ PROBE = (
 TOOLING = ("pip", "setuptools", "_distutils_hack", "pkg_resources")
 
 
+def run(*argv: str | Path) -> str:
+    """Run a command of this module's own making (no shell, no outside input); its stdout."""
+    done = subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True)  # noqa: S603
+    return done.stdout
+
+
 @dataclass
 class FootprintConfig:
     """The project to build, the extras to install with it, and import timings to take."""
@@ -33,24 +39,22 @@ class FootprintConfig:
 
 def build_wheel(project: Path, out: Path) -> Path:
     """The project's wheel, built without build isolation (setuptools from this interpreter)."""
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out)]
-    subprocess.run([*cmd, str(project)], check=True, capture_output=True)
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, project)
     return next(out.glob("deniable-*.whl"))
 
 
 def install(venv: Path, wheel: Path, extras: str) -> Path:
     """A fresh venv with the wheel (and ``extras``) installed; its python."""
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
     target = f"deniable[{extras}] @ {wheel.as_uri()}" if extras else str(wheel)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", target], check=True)
+    run(python, "-m", "pip", "install", "-q", target)
     return python
 
 
 def site_packages_mb(python: Path) -> float:
     """Size of the interpreter's site-packages without pip and setuptools themselves."""
-    where = subprocess.check_output([str(python), "-c", "import site; print(site.getsitepackages()[0])"], text=True)
-    site = Path(where.strip())
+    site = Path(run(python, "-c", "import site; print(site.getsitepackages()[0])").strip())
     total = sum(
         f.stat().st_size
         for f in site.rglob("*")
@@ -61,14 +65,14 @@ def site_packages_mb(python: Path) -> float:
 
 def import_cost(python: Path, repeat: int) -> tuple[float, int]:
     """Median seconds of ``import deniable.client`` over ``repeat`` new interpreters, and modules loaded."""
-    runs = [subprocess.check_output([str(python), "-c", PROBE], text=True).split() for _ in range(repeat)]
+    runs = [run(python, "-c", PROBE).split() for _ in range(repeat)]
     return statistics.median(float(t) for t, _ in runs), int(runs[0][1])
 
 
 def measure(python: Path, extras: str, repeat: int) -> dict[str, Any]:
     """The footprint of the installation behind ``python``."""
     seconds, modules = import_cost(python, repeat)
-    dists = subprocess.check_output([str(python), "-m", "pip", "list", "--format=json"], text=True)
+    dists = run(python, "-m", "pip", "list", "--format=json")
     return {
         "extras": extras,
         "site_packages_mb": round(site_packages_mb(python), 1),

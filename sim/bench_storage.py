@@ -61,7 +61,8 @@ def count_cells(payloads: Sequence[bytes]) -> npt.NDArray[np.int64]:
 
 def bench_campaign() -> pb.Campaign:
     """The one three-label GRR campaign every batch goes into."""
-    return pb.Campaign(id=CAMPAIGN, question="q", kind=pb.CATEGORICAL, labels=["a", "b", "c"], mechanism=pb.GRR)
+    labels = ["a", "b", "c"]
+    return pb.Campaign(id=CAMPAIGN, question="q", kind=pb.CATEGORICAL, labels=labels, mechanism=pb.GRR)
 
 
 def random_batches(reports: int, batch: int) -> list[Batch]:
@@ -92,8 +93,8 @@ async def timed_ingest(opener: Opener, batches: list[Batch], in_flight: int) -> 
     try:
         await stores[0].create_campaign(bench_campaign())
         started = time.perf_counter()
-        shares = (range(k, len(batches), in_flight) for k in range(in_flight))
-        await asyncio.gather(*(ingest_batches(store, batches, share) for store, share in zip(stores, shares)))
+        shares = [range(k, len(batches), in_flight) for k in range(in_flight)]
+        await asyncio.gather(*(ingest_batches(s, batches, i) for s, i in zip(stores, shares, strict=True)))
         elapsed = time.perf_counter() - started
         snap = await stores[0].snapshot(CAMPAIGN, CELLS)
         expected = sum(len(b) for b in batches)
@@ -130,7 +131,9 @@ async def drop_database(dsn: str, name: str) -> None:
         await admin.close()
 
 
-def ingest_row(store: str, in_flight: int, repeat: int, seconds: float, batches: list[Batch]) -> dict[str, Any]:
+def ingest_row(
+    store: str, in_flight: int, repeat: int, seconds: float, batches: list[Batch]
+) -> dict[str, Any]:
     """One result row, printed as it is made."""
     reports = sum(len(b) for b in batches)
     row = {
@@ -142,7 +145,8 @@ def ingest_row(store: str, in_flight: int, repeat: int, seconds: float, batches:
         "ms_per_batch": 1000 * seconds / len(batches),
     }
     print(
-        f"{store:8} in flight {in_flight}  {row['reports_per_s']:>9,.0f} reports/s  {row['ms_per_batch']:6.1f} ms/batch",
+        f"{store:8} in flight {in_flight}  {row['reports_per_s']:>9,.0f} reports/s"
+        f"  {row['ms_per_batch']:6.1f} ms/batch",
         flush=True,
     )
     return row
@@ -195,7 +199,8 @@ def run_store_ingest(config: StoreIngestConfig, dsn: str) -> dict[str, Any]:
     """Time ``plan_ingest`` + ``AggregatorStore.apply`` on SQLite and on PostgreSQL at ``dsn``."""
     load = os.getloadavg()
     print(
-        f"{platform_line()}, load average {load[0]:.2f}; {config.reports:,} reports in batches of {config.batch:,}",
+        f"{platform_line()}, load average {load[0]:.2f};"
+        f" {config.reports:,} reports in batches of {config.batch:,}",
         flush=True,
     )
     report = asyncio.run(measure_store_ingest(config, dsn))

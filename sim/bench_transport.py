@@ -132,7 +132,7 @@ async def median_of_runs(config: TlsOverheadConfig, tls: bool) -> dict[str, Any]
 
 
 def run_tls_overhead(config: TlsOverheadConfig) -> dict[str, Any]:
-    """SubmitReports over plaintext, then over TLS: ``{"modes": [{"tls", "us_per_call", "us_per_report"}]}``."""
+    """SubmitReports over plaintext, then over TLS; ``{"modes": [...]}``, one row per mode."""
 
     async def both() -> list[dict[str, Any]]:
         return [await median_of_runs(config, tls) for tls in (False, True)]
