@@ -66,7 +66,9 @@ def test_accounting_quick_is_the_documented_grid() -> None:
 
 
 def test_shuffle_only_tables_have_a_row_per_protocol() -> None:
-    tables = run_shuffle_only_table(ShuffleOnlyConfig(sizes=(1000,), error_n=1000, domains=(2,)))
+    tables = run_shuffle_only_table(
+        ShuffleOnlyConfig(epsilon=2.0, delta=1e-3, sizes=(1000,), error_n=1000, domains=(2,))
+    )
     assert len(tables["epsilon_rows"]) == 2 + 7  # header + one n: seven protocol rows
     assert len(tables["error_rows"]) == 2 + 6  # header + d = 2: six protocols
     assert all(row.startswith("| ") and row.endswith("|") for row in tables["epsilon_rows"])
