@@ -23,8 +23,13 @@ TOOLING = ("pip", "setuptools", "_distutils_hack", "pkg_resources")
 
 
 def run(*argv: str | Path) -> str:
-    """Run a command of this module's own making (no shell, no outside input); its stdout."""
-    done = subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True)  # noqa: S603
+    """Run a command of this module's own making (no shell, no outside input); its stdout.
+
+    Its stderr (pip's chatter) is shown only when it fails, in the error.
+    """
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=False)  # noqa: S603
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({done.returncode}):\n{done.stderr}")
     return done.stdout
 
 
