@@ -15,6 +15,8 @@ ruff check .
 echo "== mypy --strict"
 packages=(); for pkg in "${PRODUCT[@]}"; do packages+=(-p "deniable.$pkg"); done
 MYPYPATH="$view" mypy --strict "${packages[@]}"
+echo "== mypy --strict bench/ (thin scripts over deniable.sim; bench/throwaway.py reaches tests/support)"
+MYPYPATH="$view:bench:tests" mypy --strict bench
 echo "== import contracts (lint-imports; known-broken ones in tests/import_contracts_broken.txt skipped)"
 contracts=$(python - <<'PY'
 import tomllib
