@@ -32,10 +32,12 @@ from deniable.cli.options import (
     tracer_provider,
 )
 from deniable.cli.output import flush_line
+from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing import mqtt
 from deniable.core.plumbing.mqtt import BrokerAddress
 
 if TYPE_CHECKING:
+    from deniable.shuffler.https import HttpsConfig
     from deniable.shuffler.mqtt import MqttIngressConfig
 
 
@@ -80,6 +82,7 @@ def _add_serve(shuffler: Subparsers) -> None:
     )
     _add_quota_options(serve)
     _add_mqtt_ingress_options(serve)
+    _add_https_options(serve)
     serve.set_defaults(handler=run_serve)
 
 
@@ -134,6 +137,46 @@ def _add_mqtt_ingress_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file")
 
 
+def _add_https_options(serve: argparse.ArgumentParser) -> None:
+    """The shuffler's HTTPS face for devices (docs/https.md)."""
+    serve.add_argument(
+        "--https-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve devices over HTTPS here (GET /v1/campaigns/ID, POST /v1/campaigns/ID/reports,"
+        " GET /healthz) with the --tls-cert certificate; e.g. 0.0.0.0:7703 (default: off)",
+    )
+    serve.add_argument(
+        "--https-cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (https://app.example) whose pages may call the HTTPS endpoint;"
+        " repeatable; '*' allows any (default: none)",
+    )
+    serve.add_argument(
+        "--https-max-body-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        help="largest request body on the HTTPS endpoint (default %(default)s)",
+    )
+
+
+def _https(args: argparse.Namespace) -> HttpsConfig | None:
+    """The HTTPS face from its options, or None without --https-listen."""
+    if args.https_listen is None:
+        if args.https_cors_origin:
+            raise ConfigurationError("--https-cors-origin needs --https-listen")
+        return None
+    from deniable.shuffler.https import HttpsConfig
+
+    return HttpsConfig(
+        listen=args.https_listen,
+        cors_origins=tuple(args.https_cors_origin),
+        max_body_bytes=args.https_max_body_bytes,
+    )
+
+
 def _add_flush(shuffler: Subparsers) -> None:
     """``shuffler flush`` and its options."""
     flushing = shuffler.add_parser("flush", help="forward spooled reports now")
@@ -168,6 +211,7 @@ def run_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         tracer_provider=tracer_provider("shuffler", args),
         mqtt=_mqtt_ingress(args),
+        https=_https(args),
         tls=server_tls(args),
         insecure=args.insecure,
         operator_listen=None if args.insecure else args.operator_listen,

@@ -51,11 +51,19 @@ class SourceQuota:
 
     def keys(self, context: grpc.aio.ServicerContext[Any, Any]) -> SourceKeys:
         """The caller's opaque keys: its host, and its client certificate when it presented one."""
-        found = [self._digest(b"addr:" + _host(context.peer()).encode())]
+        found = [self._address_digest(_host(context.peer()))]
         pems = list(context.auth_context().get("x509_pem_cert", ()))
         if pems:
             found.append(self._digest(b"cert:" + pems[0]))
         return tuple(found)
+
+    def address_keys(self, host: str) -> SourceKeys:
+        """The opaque key of a host seen by another face (HTTPS: ``127.0.0.1``, ``::1``): the same
+        key gRPC gives that host, so one device's reports count together whichever way they came."""
+        return (self._address_digest(f"[{host}]" if ":" in host else host),)
+
+    def _address_digest(self, host: str) -> bytes:
+        return self._digest(b"addr:" + host.encode())
 
     def _digest(self, data: bytes) -> bytes:
         return hmac.new(self._key, data, hashlib.sha256).digest()[:16]

@@ -34,6 +34,7 @@ from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
 
 if TYPE_CHECKING:
+    from deniable.shuffler.https import HttpsConfig, HttpsEndpoint
     from deniable.v1.deniable_pb2_grpc import AggregatorAsyncStub
 
 log = logging.getLogger("deniable.shuffler")
@@ -112,6 +113,9 @@ class ShufflerConfig:
     from a flag, a file or the environment, the password may come from ``PGPASSWORD``/``PGPASSFILE``."""
     mqtt: MqttIngressConfig | None = None
     """Also take reports and announce campaigns on this MQTT broker (docs/mqtt.md)."""
+    https: HttpsConfig | None = None
+    """Also serve devices over HTTPS on their own port (docs/https.md, ADR 0033), with ``tls``'s
+    certificate (plaintext HTTP only when ``insecure``)."""
     tls: ServerTls | None = None
     """TLS on the device port, mutual TLS on ``operator_listen``; the certificate is also the
     shuffler's client certificate towards the aggregator."""
@@ -153,6 +157,9 @@ class RunningShuffler:
     _channel: grpc.aio.Channel = field(repr=False)
     _store: SpoolStore = field(repr=False)
     mqtt: MqttIngress | None = None
+    https: HttpsEndpoint | None = None
+    https_address: str | None = None
+    """``host:port`` of the HTTPS face (``https://`` + it is the devices' base URL), if it runs."""
     _nats: Any = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
@@ -169,6 +176,8 @@ class RunningShuffler:
         await self._health.enter_graceful_shutdown()
         if self.mqtt is not None:
             await self.mqtt.stop()
+        if self.https is not None:
+            await self.https.stop(grace)
         await self._server.stop(grace)
         await self._pipeline.stop()
         if self._nats is not None:
@@ -273,6 +282,7 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         metrics_port = _serve_metrics(config, parts.metrics)
         await serving.monitor.check_now()  # the first answer is already the truth
         await parts.server.start()
+        https = await _start_https(config, serving, parts.metrics)
         serving.monitor.start()
     except BaseException:
         await parts.undo()
@@ -280,6 +290,10 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
     serving.pipeline.start()
     ingress = _start_mqtt(config, serving.handlers, parts.metrics)
     address = _connect_address(config.listen, port)
+    https_address = None
+    if https is not None and config.https is not None and https.port is not None:
+        https_address = _connect_address(config.https.listen, https.port)
+        log.info("shuffler serving devices over HTTPS on %s", https_address, extra={"address": https_address})
     operator_address = (
         None if operator_port is None else _connect_address(config.operator_listen or "", operator_port)
     )
@@ -299,6 +313,8 @@ async def start_shuffler(config: ShufflerConfig) -> RunningShuffler:
         _channel=parts.channel,
         _store=parts.store,
         mqtt=ingress,
+        https=https,
+        https_address=https_address,
         _nats=parts.nats_client,
         operator_port=operator_port,
         operator_address=operator_address,
@@ -431,6 +447,26 @@ def _serve_metrics(config: ShufflerConfig, metrics: ShufflerMetrics) -> int | No
     if config.metrics_port is None:
         return None
     return metrics.serve_http(config.metrics_port, service.host_of(config.listen).strip("[]"))
+
+
+async def _start_https(
+    config: ShufflerConfig, serving: _Serving, metrics: ShufflerMetrics
+) -> HttpsEndpoint | None:
+    """The HTTPS face on its own port (aiohttp, imported only when configured), or None."""
+    if config.https is None:
+        return None
+    from deniable.shuffler.https import HttpsEndpoint, server_ssl_context
+
+    context = None if config.tls is None else server_ssl_context(config.tls)
+    endpoint = HttpsEndpoint(
+        serving.handlers,
+        metrics,
+        config.https,
+        serving=lambda: serving.monitor.serving,
+        ssl_context=context,
+    )
+    await endpoint.start()
+    return endpoint
 
 
 def _start_mqtt(

@@ -8,9 +8,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from deniable.core.plumbing.certs import DEV_ROLES, write_dev_certs
 from deniable.core.plumbing.tls import ClientTls, open_channel
+from deniable.shuffler import RunningShuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 from support.stack import tls_pair
@@ -28,6 +30,8 @@ class Services:
     signing_key: str
     """The aggregator's Ed25519 signing public key (hex): what an app pins."""
     flush: Callable[[], Awaitable[pb.FlushResponse]]
+    shuffler: RunningShuffler | None = None
+    """The running shuffler itself (its spool, metrics and HTTPS face), for tests that look inside."""
 
 
 def binary_campaign(campaign_id: str, n_min: int = 1, epsilon0: float = 1.0) -> pb.CreateCampaignRequest:
@@ -59,12 +63,13 @@ def categorical_campaign(campaign_id: str, labels: Sequence[str], n_min: int = 1
 
 @asynccontextmanager
 async def running_services(
-    workdir: Path, requests: Sequence[pb.CreateCampaignRequest]
+    workdir: Path, requests: Sequence[pb.CreateCampaignRequest], **shuffler_options: Any
 ) -> AsyncIterator[Services]:
     """Start an aggregator and a shuffler (TLS on loopback, development certificates in
-    ``workdir/certs``: devices verify the shuffler with ``certs/ca.pem``), create ``requests``."""
+    ``workdir/certs``: devices verify the shuffler with ``certs/ca.pem``), create ``requests``.
+    ``shuffler_options`` are ``ShufflerConfig`` fields (``https=HttpsConfig(...)``)."""
     certs = write_dev_certs(workdir / "certs", roles=DEV_ROLES)
-    async with tls_pair(workdir, certs) as (aggregator, shuffler):
+    async with tls_pair(workdir, certs, **shuffler_options) as (aggregator, shuffler):
         operator_tls = ClientTls(certs.ca, certs.cert("operator"), certs.key("operator"))
         channel = open_channel(aggregator.address, operator_tls)
         operator = pb_grpc.AggregatorStub(channel)
@@ -78,6 +83,7 @@ async def running_services(
             certs.directory,
             keys.signing_public_key.hex(),
             shuffler.flush,
+            shuffler,
         )
         await channel.close()
 
