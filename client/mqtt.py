@@ -16,12 +16,11 @@ import dataclasses
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-import grpc
 from google.protobuf.message import DecodeError
 
-from deniable.client.transport import RETRYABLE_CODES, TransportError
+from deniable.client.transport import GRPC_STATUS_NAMES, RETRYABLE_STATUS, TransportError
 from deniable.core.errors import ConfigurationError
 from deniable.core.ids import valid_campaign_id
 from deniable.core.plumbing import mqtt
@@ -34,8 +33,6 @@ else:  # the [mqtt] extra: imported when a broker is first used
     from deniable.core.lazy import LazyModule
 
     aiomqtt = LazyModule("aiomqtt", "MQTT needs aiomqtt: pip install 'deniable[mqtt]'")
-
-_CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class _Session:
@@ -199,9 +196,10 @@ class MqttTransport:
         except DecodeError:
             raise TransportError("the shuffler's MQTT answer is not a SubmitAck", retryable=True) from None
         if ack.status_code:
-            code = _CODES.get(ack.status_code, grpc.StatusCode.UNKNOWN)
+            known = 0 <= ack.status_code < len(GRPC_STATUS_NAMES)
+            code = GRPC_STATUS_NAMES[ack.status_code] if known else "UNKNOWN"
             raise TransportError(
-                f"SubmitReports failed: {code.name}: {ack.status_message}", code in RETRYABLE_CODES
+                f"SubmitReports failed: {code}: {ack.status_message}", code in RETRYABLE_STATUS
             )
         return ack.response
 

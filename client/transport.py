@@ -1,34 +1,38 @@
-"""How a device reaches the shuffler: a small async ``Transport`` protocol and two implementations.
+"""How a device reaches the shuffler: a small async ``Transport`` protocol and its implementations.
 
-``GrpcTransport`` talks to a real shuffler; ``InMemoryTransport`` stands in for one in tests.
+``HttpTransport`` (client/http_transport.py, standard library only) and ``GrpcTransport``
+(client/grpc_transport.py, the ``[grpc]`` extra, imported from here only when asked for) talk to
+a real shuffler; ``InMemoryTransport`` stands in for one in tests.
 Every failure surfaces as ``TransportError`` with ``retryable`` telling the caller whether trying
 the same request again later can succeed.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
-from typing import Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-import grpc
-
-from deniable.core.plumbing.tls import ClientTls, open_channel
 from deniable.v1 import deniable_pb2 as pb
-from deniable.v1 import deniable_pb2_grpc
 
-RETRYABLE_CODES: Final = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.CANCELLED,
-    }
+if TYPE_CHECKING:
+    from deniable.client.grpc_transport import RETRYABLE_CODES as RETRYABLE_CODES
+    from deniable.client.grpc_transport import GrpcTransport as GrpcTransport
+    from deniable.client.grpc_transport import error_from_rpc as error_from_rpc
+
+RETRYABLE_STATUS: Final = frozenset(
+    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "INTERNAL", "UNKNOWN", "CANCELLED"}
 )
-"""Status codes after which the same request may succeed later; every other code is permanent."""
+"""gRPC status names after which the same request may succeed later; every other status is permanent."""
+GRPC_STATUS_NAMES: Final = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+)  # fmt: skip
+"""gRPC's status names by number (the fixed table of the gRPC spec), for answers carried without grpcio."""
+GRPC_HINT: Final = (
+    "GrpcTransport needs grpcio: pip install 'deniable[grpc]' (or use HttpTransport: standard library only)"
+)
+_LAZY: Final = frozenset({"GrpcTransport", "RETRYABLE_CODES", "error_from_rpc"})
 
 
 class TransportError(Exception):
@@ -58,78 +62,6 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Release connections (GrpcTransport reopens on a later call; the in-memory one refuses)."""
         ...
-
-
-def error_from_rpc(exc: grpc.aio.AioRpcError, what: str) -> TransportError:
-    """Map a gRPC failure to a TransportError, retryable for transient status codes."""
-    code = exc.code()
-    return TransportError(f"{what} failed: {code.name}: {exc.details() or ''}", code in RETRYABLE_CODES)
-
-
-class GrpcTransport:
-    """The shuffler over gRPC with TLS, verifying the server's certificate (``tls.ca``, else gRPC's roots)."""
-
-    def __init__(
-        self,
-        address: str,
-        timeout_s: float = 10.0,
-        *,
-        tls: ClientTls | None = None,
-        insecure: bool = False,
-    ) -> None:
-        """Remember where the shuffler is; the channel opens on first use, inside the running loop.
-
-        ``tls``: the CA to trust (default: gRPC's default roots) and an optional device certificate;
-        ``insecure=True``: plaintext, for tests against an insecure shuffler only.
-        """
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        if insecure and tls is not None:
-            raise ValueError("choose tls or insecure, not both")
-        self.address = address
-        self.timeout_s = timeout_s
-        self.tls = tls
-        self.insecure = insecure
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: deniable_pb2_grpc.ShufflerAsyncStub | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _connected_stub(self) -> deniable_pb2_grpc.ShufflerAsyncStub:
-        """The stub, (re)creating the channel if there is none or it belongs to another loop."""
-        loop = asyncio.get_running_loop()
-        if self._stub is None or self._loop is not loop:
-            # A channel is bound to the loop it was made in; one from a finished loop is unusable.
-            self._channel = open_channel(self.address, self.tls, insecure=self.insecure)
-            self._stub = deniable_pb2_grpc.ShufflerStub(self._channel)
-            self._loop = loop
-        return self._stub
-
-    async def submit(self, reports: Sequence[pb.EncryptedReport]) -> pb.SubmitReportsResponse:
-        """One SubmitReports call carrying the whole batch."""
-        stub = self._connected_stub()
-        try:
-            return await stub.SubmitReports(
-                pb.SubmitReportsRequest(reports=list(reports)), timeout=self.timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc, "SubmitReports") from exc
-
-    async def get_campaign(self, campaign_id: str) -> pb.Campaign:
-        """One GetCampaign call."""
-        stub = self._connected_stub()
-        try:
-            return await stub.GetCampaign(
-                pb.GetCampaignRequest(campaign_id=campaign_id), timeout=self.timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc, "GetCampaign") from exc
-
-    async def close(self) -> None:
-        """Close the channel if this loop owns one; a later call opens a new one."""
-        channel, loop = self._channel, self._loop
-        self._channel = self._stub = self._loop = None
-        if channel is not None and loop is asyncio.get_running_loop():
-            await channel.close()
 
 
 class InMemoryTransport:
@@ -219,3 +151,12 @@ class InMemoryTransport:
     async def close(self) -> None:
         """Refuse further calls, like a closed connection."""
         self.closed = True
+
+
+def __getattr__(name: str) -> Any:
+    """``GrpcTransport``, ``RETRYABLE_CODES`` and ``error_from_rpc`` import grpcio on first use only."""
+    if name in _LAZY:
+        from deniable.client import grpc_transport
+
+        return getattr(grpc_transport, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

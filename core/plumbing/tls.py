@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import grpc
 from cryptography import x509
 
 from deniable.core.errors import ConfigurationError
-from deniable.core.plumbing.service import CHANNEL_OPTIONS
+
+if TYPE_CHECKING:
+    import grpc
+else:  # grpcio is the [grpc] extra: a device on HttpTransport uses ClientTls without it
+    from deniable.core.lazy import LazyModule
+
+    grpc = LazyModule("grpc", "gRPC needs grpcio: pip install 'deniable[grpc]'")
 
 _ROLE_CACHE_SIZE: Final = 1024
 ROLE_URI_PREFIX: Final = "spiffe://deniable/"
@@ -93,6 +98,8 @@ def _check_certificate(pem: bytes, path: Path) -> None:
 
 def open_channel(address: str, tls: ClientTls | None = None, *, insecure: bool = False) -> grpc.aio.Channel:
     """A channel that verifies the server (``tls``, default: gRPC's roots); plaintext only if ``insecure``."""
+    from deniable.core.plumbing.service import CHANNEL_OPTIONS  # imports grpcio
+
     if insecure:
         if tls is not None:
             raise ConfigurationError("choose TLS or insecure, not both")

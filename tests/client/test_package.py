@@ -20,7 +20,8 @@ def test_exports() -> None:
 
     expected = {
         "Reporter", "SendResult", "Outbox", "BudgetLedger", "BudgetExceeded", "CampaignClosed",
-        "CampaignInvalid", "GrpcTransport", "InMemoryTransport", "Transport", "TransportError",
+        "CampaignInvalid", "GrpcTransport", "HttpTransport", "InMemoryTransport", "Transport",
+        "TransportError",
     }  # fmt: skip
     assert getattr(client, "__file__", None), (
         "deniable.client resolved as a namespace package: the editable install predates "
