@@ -11,7 +11,7 @@ from deniable.core.errors import ConfigurationError
 BASE = ["shuffler", "serve", "--data-dir", "d", "--insecure"]
 
 
-def _parsed(*extra: str):  # type: ignore[no-untyped-def]
+def _parsed(*extra: str):
     return build_parser().parse_args([*BASE, *extra])
 
 
