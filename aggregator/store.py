@@ -18,6 +18,7 @@ from typing import Final, Protocol, TypeVar
 from deniable.aggregator.ingest_plan import IngestOutcome, IngestPlan
 from deniable.aggregator.store_pipeline import (
     BatchConflict,
+    BelowNMin,
     StoreError,
     UnknownCampaign,
     apply_plan,
@@ -37,6 +38,7 @@ __all__ = [  # the store's errors and outcome are defined with the pipeline, re-
     "AggregatorStore",
     "BatchConflict",
     "BatchRecord",
+    "BelowNMin",
     "CampaignCounts",
     "CampaignExists",
     "CampaignIdTombstoned",

@@ -635,10 +635,18 @@ class IngestBatchResponse(google.protobuf.message.Message):
     DUPLICATE_BATCH_FIELD_NUMBER: builtins.int
     COUNTED_FIELD_NUMBER: builtins.int
     REJECTED_FIELD_NUMBER: builtins.int
+    DEVICES_FIELD_NUMBER: builtins.int
+    BELOW_N_MIN_FIELD_NUMBER: builtins.int
     batch_id: builtins.str
     duplicate_batch: builtins.bool
     """seen before: acknowledged, nothing counted again"""
     counted: builtins.int
+    devices: builtins.int
+    """distinct valid devices the batch (or its completed release)"""
+    below_n_min: builtins.bool
+    """counted: what n_min is checked against
+    counted with fewer than n_min devices because the aggregator's
+    """
     @property
     def rejected(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___RejectionCount]: ...
     def __init__(
@@ -648,8 +656,10 @@ class IngestBatchResponse(google.protobuf.message.Message):
         duplicate_batch: builtins.bool = ...,
         counted: builtins.int = ...,
         rejected: collections.abc.Iterable[Global___RejectionCount] | None = ...,
+        devices: builtins.int = ...,
+        below_n_min: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["batch_id", b"batch_id", "counted", b"counted", "duplicate_batch", b"duplicate_batch", "rejected", b"rejected"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_id", b"batch_id", "below_n_min", b"below_n_min", "counted", b"counted", "devices", b"devices", "duplicate_batch", b"duplicate_batch", "rejected", b"rejected"]) -> None: ...
 
 Global___IngestBatchResponse: typing_extensions.TypeAlias = IngestBatchResponse
 
