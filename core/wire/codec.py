@@ -24,7 +24,7 @@ VERSION: Final = 1
 REPORT_ID_LENGTH: Final = 16
 _HEAD = struct.Struct(f">B{REPORT_ID_LENGTH}sIB{MAX_CAMPAIGN_ID_BYTES}sH")
 HEADER_LENGTH: Final = _HEAD.size  # 88
-SIZE_CLASSES: Final = tuple(2**k for k in range(7, 18))
+SIZE_CLASSES: Final[tuple[int, ...]] = tuple(1 << k for k in range(7, 18))
 """Every plaintext length a campaign may have: 128, 256, …, 131072 bytes."""
 
 # Byte positions of the header fields (what ``_HEAD`` packs), for readers of many rows at once.
