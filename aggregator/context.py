@@ -18,6 +18,9 @@ DEFAULT_KEY_DRAIN_S: Final = 86_400.0
 """A retired key is destroyed this long after the last campaign sealed to it closed."""
 DEFAULT_RETENTION_MARGIN_S: Final = 7 * 86_400.0
 """Report ids are kept this long after a campaign's window ends (late batches still dedupe)."""
+DEFAULT_CLOSE_GRACE_S: Final = 900.0
+"""A batch arriving this long after a campaign's window ended (or it was closed) is not counted:
+the shuffler needs a moment to release what it held at the close, no more (issue 20, item 6)."""
 
 
 @dataclass
@@ -30,6 +33,7 @@ class HandlerContext:
     clock: Callable[[], float] = time.time
     key_drain_s: float = DEFAULT_KEY_DRAIN_S
     retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S
+    close_grace_s: float = DEFAULT_CLOSE_GRACE_S
     keys_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held from picking a campaign's key until the campaign is stored, and by every key state
     change: a sweep never sees a key as unused while a campaign sealed to it is being created."""
@@ -54,6 +58,12 @@ class HandlerContext:
     def closed(campaign: pb.Campaign, now: float) -> bool:
         """Whether the campaign's window has ended (an open-ended campaign never has)."""
         return campaign.window_end_unix != 0 and campaign.window_end_unix <= now
+
+    def too_late(self, campaign: pb.Campaign, now: float) -> bool:
+        """Whether a batch arriving ``now`` comes after the window's end plus the close grace: it is
+        not counted, whatever the shuffler says (its reports become CAMPAIGN_CLOSED)."""
+        end = campaign.window_end_unix
+        return end != 0 and end + self.close_grace_s <= now
 
     def expired(self, campaign: pb.Campaign, now: float) -> bool:
         """Whether the campaign's retention ended: window closed more than the margin ago.

@@ -12,7 +12,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 from deniable.aggregator.campaigns import CampaignHandlers
-from deniable.aggregator.context import DEFAULT_KEY_DRAIN_S, DEFAULT_RETENTION_MARGIN_S, HandlerContext
+from deniable.aggregator.context import (
+    DEFAULT_CLOSE_GRACE_S,
+    DEFAULT_KEY_DRAIN_S,
+    DEFAULT_RETENTION_MARGIN_S,
+    HandlerContext,
+)
 from deniable.aggregator.ingest import IngestHandlers
 from deniable.aggregator.key_admin import KeyHandlers
 from deniable.aggregator.keys import Keyring
@@ -35,12 +40,20 @@ class AggregatorHandlers:
         clock: Callable[[], float] = time.time,
         key_drain_s: float = DEFAULT_KEY_DRAIN_S,
         retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S,
+        close_grace_s: float = DEFAULT_CLOSE_GRACE_S,
     ) -> None:
         """``executor`` runs decryption (None: the loop's default; a ``DecryptPool`` is healed when
         a worker dies); ``decrypt_workers`` sets chunking; ``key_drain_s``: how long after its
-        campaigns close a retired key is destroyed."""
+        campaigns close a retired key is destroyed; ``close_grace_s``: how long after a campaign's
+        window ends a batch is still counted."""
         ctx = HandlerContext(
-            store, keyring, metrics or AggregatorMetrics(), clock, key_drain_s, retention_margin_s
+            store,
+            keyring,
+            metrics or AggregatorMetrics(),
+            clock,
+            key_drain_s,
+            retention_margin_s,
+            close_grace_s,
         )
         self.store, self.keyring, self.metrics, self.last_batch = (
             ctx.store,

@@ -24,6 +24,7 @@ from deniable.aggregator.pool import DecryptPool, PoolUnavailable
 from deniable.aggregator.releases import ReleaseCheck, ReleaseConflict
 from deniable.aggregator.store import (
     BatchConflict,
+    BelowNMin,
     UnknownCampaign,
 )
 from deniable.core.batches import ReleaseChunk, batch_digest
@@ -102,7 +103,14 @@ class IngestHandlers:
         if not envelopes:
             return []
         keys = self._ctx.keyring.private_keys()
-        work = partial(open_reports, campaign.id, campaign.plaintext_length, campaign.ciphertext_length, keys)
+        work = partial(
+            open_reports,
+            campaign.id,
+            campaign.plaintext_length,
+            campaign.ciphertext_length,
+            keys,
+            incarnation=campaign.incarnation,
+        )
         loop = asyncio.get_running_loop()
         if executor is None or self._workers <= 0:
             return await loop.run_in_executor(executor, work, envelopes)
@@ -113,7 +121,12 @@ class IngestHandlers:
             return [opened for part in parts for opened in part]
         # Few large buffers per worker instead of a tuple per report (keys parsed once per worker).
         packed_work = partial(
-            open_packed, campaign.id, campaign.plaintext_length, campaign.ciphertext_length, keys
+            open_packed,
+            campaign.id,
+            campaign.plaintext_length,
+            campaign.ciphertext_length,
+            keys,
+            incarnation=campaign.incarnation,
         )
         results = await asyncio.gather(
             *(loop.run_in_executor(executor, packed_work, *p) for p in packed if p is not None)
@@ -156,12 +169,13 @@ class IngestHandlers:
                 rejected=rejected,
                 counting=counting,
                 release=release,
+                min_devices=self._min_devices(campaign),
             )
         )
         outcome = await self._commit(plan)
         if outcome.duplicate_batch:
             return self._duplicate(batch, campaign.id, batch.digest)
-        return self._counted(batch, campaign.id, outcome)
+        return self._counted(batch, campaign, outcome)
 
     async def _screened(
         self,
@@ -172,9 +186,14 @@ class IngestHandlers:
         release: ReleaseChunk | None,
     ) -> tuple[list[tuple[bytes, bytes]], dict[int, int]]:
         """(valid reports, rejections by reason): decrypted and validated, or all CAMPAIGN_CLOSED."""
-        if self._ctx.expired(campaign, self._ctx.clock()):
+        now = self._ctx.clock()
+        if self._ctx.expired(campaign, now):
             # Past retention its ids may be gone: nothing can be deduplicated, so nothing counts.
             await self._ctx.store.retire_campaign(campaign.id)
+            return [], {CAMPAIGN_CLOSED: len(envelopes)}
+        if self._ctx.too_late(campaign, now):
+            # Closed means closed: a batch after the end plus the grace counts nobody (issue 20).
+            self._ctx.metrics.batch("after_close")
             return [], {CAMPAIGN_CLOSED: len(envelopes)}
         with self._ctx.metrics.decrypt_seconds.time(), self._ctx.metrics.span("aggregator.decrypt"):
             opened = await self._open(campaign, envelopes)
@@ -201,15 +220,25 @@ class IngestHandlers:
         except ReleaseConflict as exc:
             self._ctx.metrics.batch("release_conflict")
             raise FailedPrecondition(str(exc)) from None
+        except BelowNMin as exc:
+            self._ctx.metrics.batch("below_n_min")
+            raise FailedPrecondition(
+                f"batch {plan.batch_id[:80]!r} is refused and nothing of it counted: it holds {exc}"
+                " (duplicates, replays and undecryptable reports hide nobody) and no operator authorised"
+                " a release below n_min (ReleaseBelowNMin)"
+            ) from None
         except BatchConflict as exc:
             raise AlreadyExists(str(exc)) from None
         except UnknownCampaign:
             raise NotFound(f"no campaign {plan.campaign_id!r}") from None
 
     def _counted(
-        self, batch: pb.ShuffledBatch, campaign_id: str, outcome: IngestOutcome
+        self, batch: pb.ShuffledBatch, campaign: pb.Campaign, outcome: IngestOutcome
     ) -> pb.IngestBatchResponse:
-        """Record the ingested batch in metrics and answer with what was counted and rejected."""
+        """Record the ingested batch in metrics and answer with what was counted and rejected
+        (and whether it was counted below n_min on the operator's authority)."""
+        campaign_id = campaign.id
+        least = self._devices_floor(campaign)
         self._ctx.metrics.batch("ingested")
         self._ctx.last_batch[campaign_id] = self._ctx.clock()
         self._ctx.metrics.counted(outcome.counted)
@@ -218,11 +247,26 @@ class IngestHandlers:
             batch_id=batch.batch_id,
             duplicate_batch=False,
             counted=outcome.counted,
+            devices=outcome.devices,
+            below_n_min=0 < outcome.devices < least,
             rejected=[
                 pb.RejectionCount(reason=reason, count=count)  # type: ignore[arg-type]
                 for reason, count in sorted(outcome.rejected.items())
             ],
         )
+
+    def _devices_floor(self, campaign: pb.Campaign) -> int:
+        """n_min in devices (multi-message campaigns state n_min in messages)."""
+        randomiser = randomiser_for(campaign)
+        if randomiser.multi_message:
+            return campaign.n_min // messages_per_device(randomiser)
+        return campaign.n_min
+
+    def _min_devices(self, campaign: pb.Campaign) -> int:
+        """The distinct valid devices a batch must count, 0 while the operator authorises less."""
+        if self._ctx.clock() < campaign.below_n_min_until_unix:
+            return 0
+        return self._devices_floor(campaign)
 
     def _check_batch_size(self, campaign: pb.Campaign, size: int) -> None:
         """Refuse a batch below n_min unless the operator authorised it (and it has not lapsed).

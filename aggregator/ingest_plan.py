@@ -80,6 +80,8 @@ class IngestOutcome:
     duplicate_batch: bool
     counted: int = 0
     rejected: dict[int, int] = field(default_factory=dict)
+    devices: int = 0
+    """Distinct valid devices counted (0 while a release chunk is held back)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class IngestPlan:
     tally: npt.NDArray[np.int64]
     counting: Counting
     release: ReleaseChunk | None = None
+    min_devices: int = 0
+    """n_min in distinct valid devices after every dedupe; 0 when the operator authorised less."""
 
     @property
     def counted(self) -> int:
@@ -176,6 +180,7 @@ def plan_ingest(
     rejected: Mapping[int, int],
     counting: Counting,
     release: ReleaseChunk | None = None,
+    min_devices: int = 0,
 ) -> IngestPlan:
     """Plan one batch: dedupe within it (first occurrence kept) and tally what remains."""
     unique: dict[bytes, bytes] = {}
@@ -192,4 +197,5 @@ def plan_ingest(
         tally=counting.tally(list(unique.values())),
         counting=counting,
         release=release,
+        min_devices=min_devices,
     )

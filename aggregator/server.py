@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from deniable.aggregator.consume_nats import NatsConsumer
-from deniable.aggregator.context import DEFAULT_RETENTION_MARGIN_S
+from deniable.aggregator.context import DEFAULT_CLOSE_GRACE_S, DEFAULT_RETENTION_MARGIN_S
 from deniable.aggregator.handlers import AggregatorHandlers
 from deniable.aggregator.keys import Keyring
 from deniable.aggregator.metrics import AggregatorMetrics
@@ -85,6 +85,8 @@ class AggregatorConfig:
     """How often drained keys are destroyed and expired report ids garbage-collected."""
     retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S
     """Report ids are kept this long after a campaign's window ends, then forgotten."""
+    close_grace_s: float = DEFAULT_CLOSE_GRACE_S
+    """A batch arriving this long after a campaign's window ends is not counted (CAMPAIGN_CLOSED)."""
     nats: str | None = None
     """Also take batches from this NATS JetStream URL (core/plumbing/jetstream.py), as one more worker."""
     nats_ack_wait_s: float = DEFAULT_ACK_WAIT_S
@@ -289,6 +291,8 @@ def _check_intervals(config: AggregatorConfig) -> None:
         raise ConfigurationError("key_drain_s must be >= 0 and key_sweep_interval_s > 0 (seconds)")
     if not config.retention_margin_s >= 0:
         raise ConfigurationError("retention_margin_s must be >= 0 (seconds)")
+    if not 0 <= config.close_grace_s <= config.retention_margin_s:
+        raise ConfigurationError("close_grace_s must be between 0 and retention_margin_s (seconds)")
 
 
 async def _open_state(
@@ -314,6 +318,7 @@ async def _open_state(
         config.decrypt_workers,
         key_drain_s=config.key_drain_s,
         retention_margin_s=config.retention_margin_s,
+        close_grace_s=config.close_grace_s,
     )
     return lock, store, executor, handlers
 

@@ -28,6 +28,16 @@ class BatchConflict(StoreError):
     """A batch id seen before arrived with a different campaign or digest."""
 
 
+class BelowNMin(StoreError):
+    """After decryption, validation and every dedupe the batch counts fewer distinct devices than
+    n_min: nothing of it is stored (the transaction is rolled back)."""
+
+    def __init__(self, devices: int, least: int) -> None:
+        super().__init__(f"{devices} distinct valid devices, below n_min ({least})")
+        self.devices = devices
+        self.least = least
+
+
 class IngestStatements(Protocol):
     """The storage steps of one ingestion, all inside one open transaction of one store."""
 
@@ -87,6 +97,9 @@ async def apply_plan(statements: IngestStatements, plan: IngestPlan) -> IngestOu
     if plan.reports:
         plan = plan.without(await statements.record_report_ids(seq, plan.report_ids()))
     gained = await _contribution(statements, seq, plan)
+    if 0 < gained.effective < plan.min_devices:
+        # Duplicates, replays and garbage do not hide anyone: n_min counts devices (issue 20).
+        raise BelowNMin(gained.effective, plan.min_devices)
     cells, counts = gained.nonzero_cells()
     if cells:
         await statements.add_counts(seq, cells, counts)
@@ -95,7 +108,9 @@ async def apply_plan(statements: IngestStatements, plan: IngestPlan) -> IngestOu
         await statements.add_rejections(seq, rejected)
     await statements.add_to_campaign(seq, gained.counted, gained.effective, gained.batches)
     await statements.insert_batch(plan, seq, gained.counted)
-    return IngestOutcome(duplicate_batch=False, counted=gained.counted, rejected=rejected)
+    return IngestOutcome(
+        duplicate_batch=False, counted=gained.counted, rejected=rejected, devices=gained.effective
+    )
 
 
 async def _contribution(statements: IngestStatements, seq: int, plan: IngestPlan) -> Contribution:

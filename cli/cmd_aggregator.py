@@ -67,6 +67,14 @@ def _add_retention_options(serve: argparse.ArgumentParser) -> None:
         help="keep report ids this long after a campaign's window ends, then forget them; later"
         " reports of it are rejected as CAMPAIGN_CLOSED (default 7 days)",
     )
+    serve.add_argument(
+        "--close-grace",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="count a batch only if it arrives within this long of its campaign's window end or"
+        " close; later ones are CAMPAIGN_CLOSED whatever the shuffler does (default 15 minutes)",
+    )
 
 
 def _add_nats_options(serve: argparse.ArgumentParser) -> None:
@@ -123,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         key_drain_s=args.key_drain_s,
         retention_margin_s=args.retention_margin,
+        close_grace_s=args.close_grace,
         nats=args.nats,
         nats_ack_wait_s=args.nats_ack_wait,
         config_source=config_source(args),

@@ -9,7 +9,7 @@ import pytest
 
 from deniable.aggregator import AggregatorConfig, start_aggregator
 from deniable.aggregator.server import DATABASE_FILE
-from deniable.aggregator.store import SqliteAggregatorStore
+from deniable.aggregator.store import SCHEMA_VERSION, SqliteAggregatorStore
 from deniable.core.errors import ConfigurationError
 
 
@@ -18,7 +18,7 @@ async def test_wal_mode_and_schema_version(tmp_path: Path) -> None:
     await store.close()
     with sqlite3.connect(tmp_path / "a.sqlite3") as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
 
 
 async def test_newer_schema_is_refused(tmp_path: Path) -> None:

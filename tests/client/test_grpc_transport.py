@@ -83,7 +83,10 @@ async def test_unavailable_twice_then_accepted(
     assert servicer.calls == 3 and len(sleeps.delays) == 2
     assert len(servicer.received) == 5 and outbox.count() == 0
     for report in servicer.received:
-        plain = decode(open_report(report.ciphertext, key_pair, campaign.id), campaign.plaintext_length)
+        plain = decode(
+            open_report(report.ciphertext, key_pair, campaign.id, campaign.incarnation),
+            campaign.plaintext_length,
+        )
         assert plain.campaign_id == campaign.id
 
 

@@ -99,7 +99,10 @@ async def test_reporter_over_mqtt_retries_until_the_shuffler_answers(
     assert len(set(responder.request_ids)) == 3  # a fresh id per attempt: nothing links them
     assert len(responder.received) == 5 and outbox.count() == 0
     for report in responder.received:
-        plain = decode(open_report(report.ciphertext, key_pair, campaign.id), campaign.plaintext_length)
+        plain = decode(
+            open_report(report.ciphertext, key_pair, campaign.id, campaign.incarnation),
+            campaign.plaintext_length,
+        )
         assert plain.campaign_id == campaign.id
 
 

@@ -29,7 +29,9 @@ from deniable.v1 import deniable_pb2 as pb
 
 def opened(report: pb.EncryptedReport, key_pair: KeyPair, campaign: pb.Campaign) -> Any:
     """Decrypt and decode one submitted report as the aggregator would."""
-    return decode(open_report(report.ciphertext, key_pair, campaign.id), campaign.plaintext_length)
+    return decode(
+        open_report(report.ciphertext, key_pair, campaign.id, campaign.incarnation), campaign.plaintext_length
+    )
 
 
 async def test_record_send_and_open(make_campaign: Any, outbox: Outbox, key_pair: KeyPair) -> None:

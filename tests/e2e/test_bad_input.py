@@ -77,7 +77,9 @@ def _sealed(
         Plaintext(report_id or new_report_id(), plaintext_campaign or campaign.id, campaign.key_id, payload),
         campaign.plaintext_length,
     )
-    ciphertext = seal_report(plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id)
+    ciphertext = seal_report(
+        plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id, campaign.incarnation
+    )
     return pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext)
 
 

@@ -94,7 +94,9 @@ def _valid_submit(campaign: pb.Campaign, count: int = 1) -> bytes:
         plaintext = encode(
             Plaintext(new_report_id(), campaign.id, campaign.key_id, b"\x01"), campaign.plaintext_length
         )
-        ciphertext = seal_report(plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id)
+        ciphertext = seal_report(
+            plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id, campaign.incarnation
+        )
         reports.append(
             pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext)
         )

@@ -109,22 +109,29 @@ def _deploy(
         )
 
 
-def _sealed_reports(campaign: pb.Campaign, waves: int, per_wave: int) -> list[list[pb.EncryptedReport]]:
-    """Deterministic devices: device i answers LABELS[i % 4], randomised once, sealed once."""
+def _payloads(campaign: pb.Campaign, waves: int, per_wave: int) -> list[list[bytes]]:
+    """Deterministic devices: device i answers LABELS[i % 4], randomised once."""
     randomiser = randomiser_for(campaign)
-    key = PublicKey(campaign.key_id, campaign.public_key)
     rng = Csprng()
+    return [
+        [randomiser.randomise((wave * per_wave + j) % len(LABELS), rng) for j in range(per_wave)]
+        for wave in range(waves)
+    ]
+
+
+def _sealed_reports(campaign: pb.Campaign, payloads: list[list[bytes]]) -> list[list[pb.EncryptedReport]]:
+    """The payloads sealed for ``campaign`` (its incarnation is bound in), report id = device number."""
+    key = PublicKey(campaign.key_id, campaign.public_key)
     sealed: list[list[pb.EncryptedReport]] = []
-    for wave in range(waves):
+    for wave, answers in enumerate(payloads):
         reports = []
-        for j in range(per_wave):
-            device = wave * per_wave + j
-            payload = randomiser.randomise(device % len(LABELS), rng)
+        for j, payload in enumerate(answers):
+            device = wave * len(answers) + j
             plaintext = encode(
                 Plaintext(device.to_bytes(16, "big"), campaign.id, key.key_id, payload),
                 campaign.plaintext_length,
             )
-            ciphertext = seal_report(plaintext, key, campaign.id)
+            ciphertext = seal_report(plaintext, key, campaign.id, campaign.incarnation)
             reports.append(
                 pb.EncryptedReport(campaign_id=campaign.id, key_id=key.key_id, ciphertext=ciphertext)
             )
@@ -228,15 +235,16 @@ def _run(
         return answer, [_counted_by(p) for p in deployment.aggregator_metrics]
 
 
-_CACHE: dict[tuple[bytes, int, int], list[list[pb.EncryptedReport]]] = {}
+_CACHE: dict[tuple[bytes, int, int], list[list[bytes]]] = {}
 
 
 def _sealed_reports_cache(campaign: pb.Campaign, waves: int, per_wave: int) -> list[list[pb.EncryptedReport]]:
-    """Both deployments get the very same ciphertexts (same key, same campaign id and key id)."""
+    """Both deployments get the very same answers and report ids (same key, same campaign id and key
+    id), each sealed for its own campaign incarnation (a ciphertext of one never opens in another)."""
     key = (campaign.public_key, waves, per_wave)
     if key not in _CACHE:
-        _CACHE[key] = _sealed_reports(campaign, waves, per_wave)
-    return _CACHE[key]
+        _CACHE[key] = _payloads(campaign, waves, per_wave)
+    return _sealed_reports(campaign, _CACHE[key])
 
 
 @pytest.mark.parametrize(
@@ -346,7 +354,7 @@ def test_a_worker_killed_mid_batch_has_it_redelivered_and_counted_once(
         ]
         with _services([(shuffler, shuffler_port)], tmp_path):
             campaign = asyncio.run(_create_campaign(f"127.0.0.1:{a_port}"))
-            (reports,) = _sealed_reports(campaign, 1, 6000)
+            (reports,) = _sealed_reports(campaign, _payloads(campaign, 1, 6000))
             address = f"127.0.0.1:{shuffler_port}"
 
             async def submit() -> None:

@@ -155,7 +155,8 @@ async def test_a_shuffler_rewriting_the_description_is_refused(
         if gullible.campaign.public_key == ATTACKER.public.raw:
             gullible.record(2)
             (sealed,) = outbox.pending(10, "lang")
-            plain = decode(open_report(sealed.ciphertext, ATTACKER, "lang"), campaign.plaintext_length)
+            opened = open_report(sealed.ciphertext, ATTACKER, "lang", gullible.campaign.incarnation)
+            plain = decode(opened, campaign.plaintext_length)
             assert plain.campaign_id == "lang"  # the proxy reads the report
         with pytest.raises(CampaignSignatureError):
             await Reporter.fetch("lang", transport, outbox, aggregator_key=stack.pinned)

@@ -97,6 +97,7 @@ class Devices(threading.Thread):
                             encode(Plaintext(new_report_id(), c.id, c.key_id, b"\x01"), c.plaintext_length),
                             key,
                             c.id,
+                            c.incarnation,
                         ),
                     )
                     for _ in range(10)

@@ -129,7 +129,9 @@ def _reports(campaign: pb.Campaign, count: int) -> list[pb.EncryptedReport]:
             Plaintext(new_report_id(), campaign.id, campaign.key_id, (1).to_bytes(width, "big")),
             campaign.plaintext_length,
         )
-        ciphertext = seal_report(plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id)
+        ciphertext = seal_report(
+            plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id, campaign.incarnation
+        )
         out.append(pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext))
     return out
 

@@ -102,7 +102,7 @@ async def test_multi_message_payloads_are_sealed_apart(name: str, tmp_path: Path
     assert randomiser.multi_message
     assert result.acknowledged == queued == len(transport.submitted) > 3
     plaintexts = [
-        decode(open_report(r.ciphertext, keys, campaign.id), campaign.plaintext_length)
+        decode(open_report(r.ciphertext, keys, campaign.id, campaign.incarnation), campaign.plaintext_length)
         for r in transport.submitted
     ]
     assert {len(r.ciphertext) for r in transport.submitted} == {campaign.ciphertext_length}
