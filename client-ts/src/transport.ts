@@ -45,7 +45,9 @@ export class HttpTransport implements Transport {
 
   constructor(baseUrl: string, options: { fetch?: FetchLike; timeoutMs?: number } = {}) {
     this.baseUrl = baseUrl.replace(/\/+$/, "");
-    const fetchFn = options.fetch ?? (globalThis.fetch as unknown as FetchLike | undefined);
+    // the global fetch must be called on globalThis ("Illegal invocation" otherwise, in browsers)
+    const global = typeof globalThis.fetch === "function" ? (globalThis.fetch.bind(globalThis) as unknown as FetchLike) : undefined;
+    const fetchFn = options.fetch ?? global;
     if (fetchFn === undefined) throw new Error("no fetch available: pass options.fetch");
     this.fetchFn = fetchFn;
     this.timeoutMs = options.timeoutMs ?? 15000;
