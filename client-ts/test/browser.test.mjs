@@ -4,11 +4,11 @@
 // TLS: Chromium trusts exactly the shuffler's key through --ignore-certificate-errors-spki-list (its
 // SPKI SHA-256 pin), not a blanket ignore.
 import assert from "node:assert/strict";
-import { createHash, X509Certificate } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import { createServer } from "node:http";
 import { after, before, test } from "node:test";
 import { chromium } from "playwright-core";
+import { chromiumArgs, spkiPin } from "./chromium.mjs";
 import { startServices } from "./services.mjs";
 
 const CHROMIUM = process.env.CHROMIUM_BIN ?? "/usr/bin/chromium";
@@ -18,18 +18,6 @@ const FILES = {
   "/deniable.min.js": ["bundle/deniable.min.js", "text/javascript"],
 };
 let stack, server, browser, origin;
-
-/** Base64 SHA-256 of a certificate's SubjectPublicKeyInfo: Chromium's SPKI pin. */
-export function spkiPin(pem) {
-  const spki = new X509Certificate(pem).publicKey.export({ type: "spki", format: "der" });
-  return createHash("sha256").update(spki).digest("base64");
-}
-
-/** Chromium's arguments for these tests (also used by the README snippet test). */
-export function chromiumArgs(pin) {
-  return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", `--ignore-certificate-errors-spki-list=${pin}`];
-}
 
 before(async () => {
   if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: install Debian's chromium (scripts/system-deps.sh)`);
