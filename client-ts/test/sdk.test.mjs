@@ -170,3 +170,45 @@ test("SubmitReportsRequest / Response codec", () => {
   const response = decodeSubmitResponse(Uint8Array.from([0x08, 0x02, 0x12, 0x06, 0x08, 0x01, 0x10, 0x08, 0x1a, 0x00]));
   assert.deepEqual(response, { accepted: 2, rejected: [{ index: 1, reason: 8, detail: "" }] });
 });
+
+test("React Native shape: an AsyncStorage-like store and an injected fetch carry the whole flow", async () => {
+  const { HttpTransport, asyncStorageStore } = await import("../dist/index.js");
+  const data = new Map();
+  const AsyncStorage = {
+    getItem: async (k) => data.get(k) ?? null,
+    multiSet: async (pairs) => pairs.forEach(([k, v]) => data.set(k, v)),
+    multiRemove: async (keys) => keys.forEach((k) => data.delete(k)),
+    getAllKeys: async () => [...data.keys()],
+  };
+  const requests = [];
+  const fetch = async (url, init) => {
+    requests.push([init.method, url, init.headers["Content-Type"]]);
+    const body = init.method === "GET" ? signedCampaign() : Uint8Array.from([0x08, 0x01]);
+    return { status: 200, headers: { get: () => "application/x-protobuf" }, arrayBuffer: async () => body.buffer.slice(body.byteOffset, body.byteOffset + body.byteLength) };
+  };
+  const store = asyncStorageStore(AsyncStorage);
+  const reporter = await Reporter.fetch("c1", { transport: new HttpTransport("https://shuffler.example/", { fetch }), store, ledger: new BudgetLedger(store), aggregatorKey: PINNED });
+  await reporter.record(1);
+  assert.ok([...data.keys()].every((k) => k.startsWith("deniable:")));
+  assert.equal([...data.keys()].filter((k) => k.startsWith("deniable:outbox/c1/")).length, 1);
+  assert.deepEqual(await reporter.sendPending(), { acknowledged: 1, rejected: 0, pending: 0, rejections: {} });
+  assert.deepEqual(requests, [
+    ["GET", "https://shuffler.example/v1/campaigns/c1", undefined],
+    ["POST", "https://shuffler.example/v1/campaigns/c1/reports", "application/x-protobuf"],
+  ]);
+});
+
+test("HttpTransport: 408/429/5xx and network errors are retryable, other 4xx permanent with the endpoint's code", async () => {
+  const { HttpTransport } = await import("../dist/index.js");
+  const answer = (status, body, type = "application/json") => async () => ({
+    status, headers: { get: () => type }, arrayBuffer: async () => new TextEncoder().encode(body).buffer,
+  });
+  const outcome = async (fetch) => new HttpTransport("https://s", { fetch }).getCampaign("c1").then(() => "ok", (e) => [e.retryable, e.status, e.code]);
+  assert.deepEqual(await outcome(answer(503, '{"code":"overloaded","message":"x"}')), [true, 503, "overloaded"]);
+  assert.deepEqual(await outcome(answer(429, '{"code":"quota_exceeded","message":"x"}')), [true, 429, "quota_exceeded"]);
+  assert.deepEqual(await outcome(answer(408, "")), [true, 408, undefined]);
+  assert.deepEqual(await outcome(answer(400, '{"code":"malformed_body","message":"x"}')), [false, 400, "malformed_body"]);
+  assert.deepEqual(await outcome(answer(404, '{"code":"not_found","message":"x"}')), [false, 404, "not_found"]);
+  assert.deepEqual(await outcome(answer(200, "<html>", "text/html")), [true, 200, undefined], "a proxy's page");
+  assert.deepEqual(await outcome(async () => { throw new TypeError("fetch failed"); }), [true, undefined, undefined]);
+});
