@@ -56,6 +56,13 @@ def register(sub: Subparsers) -> None:
         default=None,
         help="seconds allowed after --duration (default max(60, duration))",
     )
+    load.add_argument(
+        "--transport",
+        choices=("grpc", "https", "http"),
+        default="grpc",
+        help="how devices reach the shuffler: its gRPC device port, its HTTPS face (TLS), or that"
+        " face in plaintext like the benchmark's gRPC (default grpc; https/http start their own services)",
+    )
     load.add_argument("--no-progress", action="store_true", help="no progress bars")
     load.set_defaults(handler=run)
 
@@ -81,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         progress=not args.no_progress,
         grace_s=args.grace,
+        transport=args.transport,
     )
     if args.workers is not None:
         config.workers = args.workers

@@ -152,7 +152,7 @@ def _add_https_options(serve: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ORIGIN",
         help="a browser origin (https://app.example) whose pages may call the HTTPS endpoint;"
-        " repeatable; '*' allows any (default: none)",
+        " repeatable or comma-separated; '*' allows any (default: none)",
     )
     serve.add_argument(
         "--https-max-body-bytes",
@@ -163,17 +163,19 @@ def _add_https_options(serve: argparse.ArgumentParser) -> None:
 
 
 def _https(args: argparse.Namespace) -> HttpsConfig | None:
-    """The HTTPS face from its options, or None without --https-listen."""
+    """The HTTPS face from its options, or None without --https-listen. Origins may also come as
+    one comma-separated value (a config file key or $DENIABLE_HTTPS_CORS_ORIGIN)."""
+    given = args.https_cors_origin
+    values = [given] if isinstance(given, str) else list(given or [])
+    origins = tuple(o.strip() for value in values for o in value.split(",") if o.strip())
     if args.https_listen is None:
-        if args.https_cors_origin:
+        if origins:
             raise ConfigurationError("--https-cors-origin needs --https-listen")
         return None
     from deniable.shuffler.https import HttpsConfig
 
     return HttpsConfig(
-        listen=args.https_listen,
-        cors_origins=tuple(args.https_cors_origin),
-        max_body_bytes=args.https_max_body_bytes,
+        listen=args.https_listen, cors_origins=origins, max_body_bytes=args.https_max_body_bytes
     )
 
 

@@ -94,6 +94,9 @@ class HttpsConfig:
     """Requests handled at once; more are shed with 503 ``overloaded`` (health included, as over gRPC)."""
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     """How long a request body may take to arrive (a slow sender holds a slot meanwhile)."""
+    tls: ServerTls | None = None
+    """A certificate for this face only, instead of the shuffler's ``tls``: the load test serves
+    HTTPS from an otherwise plaintext benchmark shuffler. None: the shuffler's (the normal case)."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0 or self.max_concurrent <= 0 or not self.body_timeout_s > 0:

@@ -457,7 +457,8 @@ async def _start_https(
         return None
     from deniable.shuffler.https import HttpsEndpoint, server_ssl_context
 
-    context = None if config.tls is None else server_ssl_context(config.tls)
+    tls = config.https.tls or config.tls
+    context = None if tls is None else server_ssl_context(tls)
     endpoint = HttpsEndpoint(
         serving.handlers,
         metrics,

@@ -59,13 +59,19 @@ def install(venv: Path, wheel: Path, extras: str) -> Path:
 
 def site_packages_mb(python: Path) -> float:
     """Size of the interpreter's site-packages without pip and setuptools themselves."""
+    return sum(package_sizes_mb(python).values())
+
+
+def package_sizes_mb(python: Path) -> dict[str, float]:
+    """MB per top-level entry of site-packages (``cryptography``, ``google``, ``deniable``, their
+    ``.dist-info``), without pip and setuptools: where an installation's size comes from."""
     site = Path(run(python, "-c", "import site; print(site.getsitepackages()[0])").strip())
-    total = sum(
-        f.stat().st_size
-        for f in site.rglob("*")
-        if f.is_file() and not f.relative_to(site).parts[0].startswith(TOOLING)
-    )
-    return total / 1e6
+    sizes: dict[str, int] = {}
+    for f in site.rglob("*"):
+        top = f.relative_to(site).parts[0]
+        if f.is_file() and not top.startswith(TOOLING):
+            sizes[top] = sizes.get(top, 0) + f.stat().st_size
+    return {top: size / 1e6 for top, size in sizes.items()}
 
 
 def import_cost(python: Path, repeat: int) -> tuple[float, int]:
@@ -78,9 +84,12 @@ def measure(python: Path, extras: str, repeat: int) -> dict[str, Any]:
     """The footprint of the installation behind ``python``."""
     seconds, modules = import_cost(python, repeat)
     dists = run(python, "-m", "pip", "list", "--format=json")
+    sizes = package_sizes_mb(python)
+    largest = sorted(sizes.items(), key=lambda item: -item[1])[:8]
     return {
         "extras": extras,
-        "site_packages_mb": round(site_packages_mb(python), 1),
+        "site_packages_mb": round(sum(sizes.values()), 1),
+        "largest_mb": {top: round(mb, 2) for top, mb in largest},
         "import_s_median": round(seconds, 3),
         "modules": modules,
         "distributions": sorted(d["name"] for d in json.loads(dists)),

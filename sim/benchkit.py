@@ -162,7 +162,10 @@ async def _serve(kind: str, settings: dict[str, Any], conn: Connection) -> None:
     except Exception as exc:
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
         return
-    conn.send({"address": running.address, "pid": os.getpid(), "metrics_port": running.metrics_port})
+    https = getattr(running, "https_address", None)
+    conn.send(
+        {"address": running.address, "pid": os.getpid(), "metrics_port": running.metrics_port, "https": https}
+    )
     loop = asyncio.get_running_loop()
     asked = asyncio.Event()
     loop.add_reader(conn.fileno(), asked.set)
@@ -195,6 +198,8 @@ class ServiceProcess:
     address: str = ""
     pid: int = 0
     metrics_port: int | None = None
+    https_address: str | None = None
+    """A shuffler's HTTPS face (``host:port``), when it was started with one."""
     _process: Any = field(default=None, repr=False)
     _conn: Connection | None = field(default=None, repr=False)
 
@@ -223,6 +228,7 @@ class ServiceProcess:
             raise RuntimeError(f"{self.kind} failed to start: {hello['error']}")
         self.address, self.pid = str(hello["address"]), int(hello["pid"])
         self.metrics_port = hello.get("metrics_port")
+        self.https_address = hello.get("https")
         return self.address
 
     def cpu_seconds(self) -> float:

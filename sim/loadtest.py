@@ -32,13 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import grpc
 import numpy as np
 import numpy.typing as npt
 
-from deniable.client.transport import RETRYABLE_CODES
 from deniable.sim import benchkit, populations, render
 from deniable.sim.benchkit import ServiceProcess
+from deniable.sim.submitters import TRANSPORTS, Submit, SubmitFailed, open_grpc, open_http
 from deniable.v1 import deniable_pb2 as pb
 
 PATTERNS: Final = ("constant", "bursts", "diurnal")
@@ -73,6 +72,9 @@ class LoadConfig:
     progress: bool = True
     grace_s: float | None = None
     """Time allowed beyond ``duration_s`` for sending and counting (default: max(60 s, duration))."""
+    transport: str = "grpc"
+    """How devices reach the shuffler: ``grpc``, ``https`` (its HTTPS face, TLS) or ``http`` (that
+    face in plaintext, like the benchmark's gRPC); only with services started here."""
 
     @property
     def rate(self) -> float:
@@ -87,6 +89,10 @@ class LoadConfig:
             raise ValueError("--devices must be >= 1 and --duration a positive number of seconds")
         if self.buckets < 2:
             raise ValueError("--buckets must be at least 2")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"--transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
+        if self.transport != "grpc" and self.shuffler is not None:
+            raise ValueError("--transport https/http starts its own services: not with --shuffler")
         if (self.shuffler is None) != (self.aggregator is None):
             raise ValueError("give both --shuffler and --aggregator (a deployment), or neither")
         for address in (self.shuffler, self.aggregator):
@@ -177,7 +183,7 @@ class Tracker:
 
 
 async def _submit_range(
-    submit: Any,
+    submit: Submit,
     elements: list[bytes],
     span: tuple[int, int],
     tracker: Tracker,
@@ -193,9 +199,9 @@ async def _submit_range(
         if remaining <= 0:
             break
         try:
-            response: pb.SubmitReportsResponse = await submit(raw, timeout=min(30.0, remaining))
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in RETRYABLE_CODES and attempt + 1 < ATTEMPTS:
+            response = await submit(raw, min(30.0, remaining))
+        except SubmitFailed as exc:
+            if exc.retryable and attempt + 1 < ATTEMPTS:
                 await asyncio.sleep(0.05 * 2**attempt)
                 continue
             break
@@ -226,13 +232,23 @@ async def _enqueue_due(
     return sent
 
 
+def _submitter(
+    config: LoadConfig, where: Deployment, campaign_id: str
+) -> contextlib.AbstractAsyncContextManager[Submit]:
+    """The shuffler's device port (gRPC) or its HTTPS face, as ``config.transport`` says."""
+    if config.transport == "grpc":
+        return open_grpc(where.shuffler)
+    if where.https is None:
+        raise RuntimeError("the shuffler was started without its HTTPS face")
+    scheme = "https" if where.ca is not None else "http"
+    return open_http(f"{scheme}://{where.https}", campaign_id, config.concurrency, where.ca)
+
+
 async def _drive(
-    config: LoadConfig, address: str, elements: list[bytes], tracker: Tracker, deadline: float, bar: Any
+    config: LoadConfig, submit: Submit, elements: list[bytes], tracker: Tracker, deadline: float, bar: Any
 ) -> None:
     """Send reports as they become due; returns when all are answered or the deadline passes."""
     queue: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
-    channel = benchkit.plaintext_channel(address)
-    submit = benchkit.submit_callable(channel)
     started = time.perf_counter()
 
     async def sender() -> None:
@@ -254,7 +270,6 @@ async def _drive(
     finally:
         for task in senders:
             task.cancel()
-        await channel.close()
 
 
 async def _watch_counted(metrics_port: int, tracker: Tracker, started: float, stop: asyncio.Event) -> None:
@@ -298,6 +313,10 @@ class Deployment:
     aggregator: str
     services: list[ServiceProcess] = field(default_factory=list)
     metrics_port: int | None = None
+    https: str | None = None
+    """The shuffler's HTTPS face (``host:port``) when the transport is https or http."""
+    ca: Path | None = None
+    """The CA of that face's certificate (https), None for plaintext (http)."""
 
 
 async def _deployment(config: LoadConfig, workdir: Path, services: list[ServiceProcess]) -> Deployment:
@@ -307,10 +326,30 @@ async def _deployment(config: LoadConfig, workdir: Path, services: list[ServiceP
     aggregator = benchkit.aggregator_process(workdir / "aggregator", config.workers)
     services.append(aggregator)
     await asyncio.to_thread(aggregator.start)
-    shuffler = benchkit.shuffler_process(workdir / "shuffler", aggregator.address)
+    https, ca = _https_face(config, workdir)
+    shuffler = benchkit.shuffler_process(workdir / "shuffler", aggregator.address, **https)
     services.append(shuffler)
     await asyncio.to_thread(shuffler.start)
-    return Deployment(shuffler.address, aggregator.address, services, aggregator.metrics_port)
+    where = Deployment(shuffler.address, aggregator.address, services, aggregator.metrics_port)
+    where.https, where.ca = shuffler.https_address, ca
+    return where
+
+
+def _https_face(config: LoadConfig, workdir: Path) -> tuple[dict[str, Any], Path | None]:
+    """Shuffler settings for its HTTPS face (TLS with development certificates for ``https``) and
+    the CA to trust; nothing for gRPC."""
+    if config.transport == "grpc":
+        return {}, None
+    from deniable.shuffler.https import HttpsConfig
+
+    if config.transport == "http":
+        return {"https": HttpsConfig(listen="127.0.0.1:0", max_concurrent=1024)}, None
+    from deniable.core.plumbing.certs import write_dev_certs
+    from deniable.core.plumbing.tls import ServerTls
+
+    certs = write_dev_certs(workdir / "certs", roles=("shuffler",))
+    tls = ServerTls(certs.cert("shuffler"), certs.key("shuffler"), certs.ca)
+    return {"https": HttpsConfig(listen="127.0.0.1:0", max_concurrent=1024, tls=tls)}, certs.ca
 
 
 async def _seal_devices(
@@ -356,7 +395,8 @@ async def _send_and_count(
     try:
         desc = f"send ({config.pattern})"
         with tqdm(total=config.devices, desc=desc, unit="report", disable=not config.progress) as bar:
-            await _drive(config, where.shuffler, elements, tracker, deadline, bar)
+            async with _submitter(config, where, campaign.id) as submit:
+                await _drive(config, submit, elements, tracker, deadline, bar)
         sent_s = time.perf_counter() - started
         await benchkit.flush_shuffler(where.shuffler, campaign.id)
         answer, reached = await benchkit.wait_counted(
@@ -515,7 +555,7 @@ def format_summary(result: dict[str, Any]) -> str:
     accuracy = result["accuracy"]
     lines = [
         f"campaign {result['campaign']}: {result['offered']:,} devices,"
-        f" pattern {result['config']['pattern']},"
+        f" pattern {result['config']['pattern']}, over {result['config'].get('transport', 'grpc')},"
         f" mean {result['mean_rate_per_s']:,.0f}/s over {result['config']['duration_s']:g} s",
         f"acknowledged {result['acknowledged']:,} in {result['send_s']:.1f} s"
         f" ({result['acknowledged_per_s']:,.0f}/s); counted {result['counted']:,}"

@@ -100,3 +100,6 @@ def test_footprint_measures_an_installation() -> None:
     report = measure(Path(sys.executable), "", repeat=1)
     assert report["site_packages_mb"] > 0 and report["import_s_median"] > 0
     assert report["modules"] > 0 and "deniable" in report["distributions"]
+    largest = report["largest_mb"]
+    assert 0 < len(largest) <= 8 and not any(top.startswith(("pip", "setuptools")) for top in largest)
+    assert sum(largest.values()) <= report["site_packages_mb"] + 0.1

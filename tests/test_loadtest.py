@@ -102,9 +102,23 @@ def test_loadtest_against_a_running_deployment(tmp_path: Path) -> None:
         aggregator.stop()
 
 
+def test_loadtest_over_the_https_face_counts_every_report(tmp_path: Path) -> None:
+    """Devices over HTTPS (TLS, one report per request as a phone would send): every offered report
+    acknowledged through the HTTPS face and counted once."""
+    report = tmp_path / "r.json"
+    args = ["loadtest", "--devices", "200", "--duration", "1", "--transport", "https", "--no-progress"]
+    args += ["--request-reports", "1", "--out", str(tmp_path / "plots"), "--json", str(report)]
+    assert main([*args, "--workers", "1"]) == 0
+    result = json.loads(report.read_text())
+    assert result["config"]["transport"] == "https"
+    assert result["acknowledged"] == result["counted"] == 200 and result["failed_reports"] == 0
+    assert result["requests"] == 200  # one POST per device: the HTTPS face answered each
+
+
 @pytest.mark.parametrize(
     "args",
     [
+        ["--transport", "https", "--shuffler", "127.0.0.1:1", "--aggregator", "127.0.0.1:2"],
         ["--shuffler", "127.0.0.1:1"],  # without its aggregator
         ["--shuffler", "10.0.0.1:7701", "--aggregator", "127.0.0.1:7700"],  # not loopback
         ["--devices", "10", "--rate", "5", "--duration", "2"],  # all three

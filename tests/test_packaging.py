@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 
@@ -23,6 +24,9 @@ def test_wheel_holds_only_the_deniable_namespace(tmp_path: Path) -> None:
         "deniable/v1/deniable_pb2.py",
         "deniable/v1/deniable_pb2_grpc.pyi",
         "deniable/client/reporter.py",
+        "deniable/client/http_transport.py",
+        "deniable/client/grpc_transport.py",
+        "deniable/shuffler/https.py",
         "deniable/shuffler/spool.py",
         "deniable/aggregator/store.py",
         "deniable/cli/main.py",
@@ -30,3 +34,17 @@ def test_wheel_holds_only_the_deniable_namespace(tmp_path: Path) -> None:
     ):
         assert required in names, required
     assert "deniable/__init__.py" not in names  # an implicit namespace package (ADR 0001)
+
+
+def test_grpcio_is_an_extra_not_a_requirement(tmp_path: Path) -> None:
+    """The bare install needs no grpcio (ADR 0033): it is in [grpc] and [server] only."""
+    build_wheel(tmp_path)
+    wheel = zipfile.ZipFile(next(tmp_path.glob("deniable-*.whl")))
+    metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [
+        line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+    ]
+    bare = sorted(re.split(r"[<>=!~;\s]", r, maxsplit=1)[0] for r in requires if "extra ==" not in r)
+    assert bare == ["cryptography", "protobuf"], bare
+    grpc_extras = {r.split("extra ==")[1].strip().strip("'\"") for r in requires if r.startswith("grpcio>")}
+    assert {"grpc", "server"} <= grpc_extras, grpc_extras

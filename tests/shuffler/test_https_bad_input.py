@@ -3,6 +3,7 @@ nothing spooled (docs/https.md). One test per kind of bad input."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,23 @@ async def test_malformed_campaign_id_in_path(tmp_path: Path) -> None:
 
 async def test_empty_body(tmp_path: Path) -> None:
     await _refused(tmp_path, "c1", b"", 400, "invalid_request")
+
+
+async def test_body_shorter_than_its_length_times_out(tmp_path: Path) -> None:
+    """A body that stops short of its Content-Length (a truncated upload) is answered 408 once the
+    body timeout passes, and the connection's slot is freed; nothing is spooled."""
+    async with https_services(tmp_path, body_timeout_s=0.3) as (services, client):
+        assert services.shuffler is not None and services.shuffler.https_address is not None
+        host, port = services.shuffler.https_address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=client.ssl, server_hostname=host)
+        body = submit_body(reports_for(services.campaigns[0], 3))
+        head = (
+            "POST /v1/campaigns/c1/reports HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode() + body[:-10])
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 30)
+        assert status_line.startswith(b"HTTP/1.1 408"), status_line
+        writer.close()
+        assert await pending(services) == 0

@@ -7,14 +7,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 import ssl
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from support.https_services import https_services, pending, reports_for, submit_body
 
 from deniable.client import ClientTls, GrpcTransport, TransportError, verify_description
-from deniable.shuffler.https import ERROR_CODES, PROTOBUF
+from deniable.core.errors import ConfigurationError
+from deniable.shuffler.https import ERROR_CODES, PROTOBUF, HttpsConfig
 from deniable.v1 import deniable_pb2 as pb
 
 ORIGIN = "https://app.example"
@@ -163,3 +167,22 @@ async def test_logs_never_name_the_address(tmp_path: Path, caplog: pytest.LogCap
 
 def test_every_error_code_has_a_client_error_or_server_status() -> None:
     assert all(400 <= status < 600 for status in ERROR_CODES.values())
+
+
+async def test_insecure_shuffler_serves_plain_http_and_a_taken_port_refuses_to_start(
+    start: Any, tmp_path: Path
+) -> None:
+    """With ``insecure`` (tests only) the face is plaintext like every port; a taken port is a
+    one-line ConfigurationError and the data directory is free again for the next start."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(ConfigurationError, match="cannot serve HTTPS"):
+            await start(https=HttpsConfig(listen=busy))
+    shuffler = await start(https=HttpsConfig(listen="127.0.0.1:0"))
+    async with aiohttp.ClientSession() as session:
+        answer = await session.get(f"http://{shuffler.https_address}/healthz")
+        assert answer.status in (200, 503)  # served in plaintext; the fake upstream decides health
+        assert "status" in await answer.json()
+        answer.release()

@@ -49,6 +49,15 @@ def test_keys_are_per_host_and_credential_and_hold_no_address() -> None:
     assert one != _keys(SourceQuota(), "ipv4:10.1.2.3:40000")  # keyed per process: not linkable
 
 
+def test_the_https_face_keys_a_host_as_grpc_keys_its_peer() -> None:
+    """One device, one quota over both ports: aiohttp's ``request.remote`` spelling of a host
+    (no brackets, no port) gives the key gRPC gives ``ipv4:…:port`` / ``ipv6:[…]:port``."""
+    quota = SourceQuota()
+    assert quota.address_keys("127.0.0.1") == _keys(quota, "ipv4:127.0.0.1:5555")
+    assert quota.address_keys("::1") == _keys(quota, "ipv6:[::1]:41000")
+    assert quota.address_keys("127.0.0.2") != _keys(quota, "ipv4:127.0.0.1:5555")
+
+
 def test_charges_are_all_or_nothing_per_campaign_and_key() -> None:
     quota = SourceQuota(default_limit=5)
     source = (b"address", b"credential")

@@ -1,0 +1,85 @@
+"""How the load test hands pre-encoded SubmitReports bodies to a shuffler: gRPC or its HTTPS face.
+
+Each ``open_*`` is an async context manager yielding ``submit(raw, timeout) -> SubmitReportsResponse``
+that raises ``SubmitFailed`` (with ``retryable``) for a refused or lost request, so the load test's
+retry loop is the same for both. The HTTP one is a load generator, not a device: aiohttp's client
+(the ``[server]`` extra), keep-alive connections up to the concurrency, the body sent as it is.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Final
+from urllib.parse import quote
+
+from deniable.v1 import deniable_pb2 as pb
+
+Submit = Callable[[bytes, float], Awaitable[pb.SubmitReportsResponse]]
+RETRYABLE_HTTP: Final = frozenset({408, 429})
+TRANSPORTS: Final = ("grpc", "https", "http")
+"""``grpc``: the device port; ``https``: the HTTPS face with TLS; ``http``: the same face in plaintext."""
+
+
+class SubmitFailed(Exception):
+    """A request refused or lost; ``retryable`` says whether trying again may succeed."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@asynccontextmanager
+async def open_grpc(address: str) -> AsyncIterator[Submit]:
+    """SubmitReports over a plaintext channel to a benchmark's shuffler (it runs ``insecure``)."""
+    import grpc
+
+    from deniable.client.transport import RETRYABLE_CODES
+    from deniable.sim import benchkit
+
+    channel = benchkit.plaintext_channel(address)
+    call = benchkit.submit_callable(channel)
+
+    async def submit(raw: bytes, timeout: float) -> pb.SubmitReportsResponse:
+        try:
+            response: pb.SubmitReportsResponse = await call(raw, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise SubmitFailed(exc.code().name, exc.code() in RETRYABLE_CODES) from exc
+        return response
+
+    try:
+        yield submit
+    finally:
+        await channel.close()
+
+
+@asynccontextmanager
+async def open_http(
+    url: str, campaign_id: str, concurrency: int, ca: Path | None = None
+) -> AsyncIterator[Submit]:
+    """POST /v1/campaigns/{id}/reports on ``url`` (``https://`` trusting ``ca``, or ``http://``)."""
+    import aiohttp
+
+    target = f"{url.rstrip('/')}/v1/campaigns/{quote(campaign_id, safe='')}/reports"
+    context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+    headers = {"Content-Type": "application/x-protobuf"}
+    connector = aiohttp.TCPConnector(limit=max(1, concurrency), ssl=context if context is not None else False)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def submit(raw: bytes, timeout: float) -> pb.SubmitReportsResponse:
+            try:
+                async with session.post(
+                    target, data=raw, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as answer:
+                    body = await answer.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise SubmitFailed(f"{type(exc).__name__}: {exc}", retryable=True) from exc
+            if answer.status != 200:
+                retryable = answer.status in RETRYABLE_HTTP or answer.status >= 500
+                raise SubmitFailed(f"HTTP {answer.status}: {body[:200]!r}", retryable)
+            return pb.SubmitReportsResponse.FromString(body)
+
+        yield submit
