@@ -4,6 +4,7 @@
  * that trusts a given CA (the development CA of `deniable certs dev`, or a private PKI).
  */
 import { Agent, request } from "node:https";
+import { type PeerCertificate, checkServerIdentity } from "node:tls";
 import { open, readFile, rename } from "node:fs/promises";
 import { dirname } from "node:path";
 import type { KeyValueStore } from "./store.js";
@@ -64,9 +65,29 @@ export class FileStore implements KeyValueStore {
   }
 }
 
-/** A FetchLike over node:https that verifies the server against `ca` (PEM) instead of the system roots. */
-export function nodeFetch(options: { ca?: string | Buffer; timeoutMs?: number } = {}): FetchLike {
-  const agent = new Agent({ keepAlive: true, ca: options.ca, minVersion: "TLSv1.2" });
+/**
+ * The host check plus the peer's role: its certificate must name `spiffe://deniable/<role>` (docs/security.md,
+ * roles), so a holder of another Deniable certificate (aggregator, operator, device) cannot pose as the shuffler.
+ */
+export function roleChecker(role: string | null): (host: string, cert: PeerCertificate) => Error | undefined {
+  return (host, cert) => {
+    const error = checkServerIdentity(host, cert);
+    if (error !== undefined || role === null) return error;
+    const uris = (cert.subjectaltname ?? "").split(", ").filter((n) => n.startsWith("URI:"));
+    if (!uris.includes(`URI:spiffe://deniable/${role}`)) {
+      return new Error(`the server's certificate is not a ${role} certificate (it names ${uris.join(" ") || "no role"})`);
+    }
+    return undefined;
+  };
+}
+
+/**
+ * A FetchLike over node:https that verifies the server against `ca` (PEM) instead of the system roots,
+ * and its role (default "shuffler"; null to skip, for a certificate from a PKI without Deniable roles).
+ */
+export function nodeFetch(options: { ca?: string | Buffer; timeoutMs?: number; role?: string | null } = {}): FetchLike {
+  const role = options.role === undefined ? "shuffler" : options.role;
+  const agent = new Agent({ keepAlive: true, ca: options.ca, minVersion: "TLSv1.2", checkServerIdentity: roleChecker(role) });
   return (url, init) =>
     new Promise((resolve, reject) => {
       const req = request(url, { method: init.method, headers: init.headers, agent, timeout: options.timeoutMs ?? 15000 }, (res) => {

@@ -2,7 +2,8 @@
 // N devices in Node, each with its own file-backed outbox and budget ledger, reporting through the
 // shuffler's HTTPS endpoint; the aggregator's query API must count every report exactly once.
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createServer } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -96,4 +97,27 @@ test("a description not signed by the pinned key is refused before anything is s
 test("the shuffler's certificate is verified: without the dev CA the TLS handshake fails (retryable)", async () => {
   const transport = new HttpTransport(stack.url, { fetch: nodeFetch({}) });
   await assert.rejects(transport.getCampaign("dark-mode"), (e) => e.retryable === true && /unreachable/.test(e.message));
+});
+
+test("a server holding another Deniable certificate (the aggregator's) cannot pose as the shuffler", async () => {
+  const key = readFileSync(join(stack.certs, "aggregator.key"));
+  const cert = readFileSync(join(stack.certs, "aggregator.pem"));
+  let reached = 0;
+  const impostor = createServer({ key, cert }, (req, res) => {
+    reached++;
+    res.writeHead(200, { "Content-Type": "application/x-protobuf" }).end();
+  });
+  await new Promise((resolve) => impostor.listen(0, "127.0.0.1", resolve));
+  try {
+    const url = `https://127.0.0.1:${impostor.address().port}`;
+    const refused = new HttpTransport(url, { fetch: nodeFetch({ ca: stack.caPem }) });
+    await assert.rejects(refused.getCampaign("dark-mode"), /not a shuffler certificate/);
+    assert.equal(reached, 0, "no request reached the impostor");
+    // with the role check off, the same CA-valid certificate is accepted: the role pin is what refuses it
+    const unchecked = new HttpTransport(url, { fetch: nodeFetch({ ca: stack.caPem, role: null }) });
+    assert.equal((await unchecked.getCampaign("dark-mode")).length, 0);
+    assert.equal(reached, 1);
+  } finally {
+    impostor.close();
+  }
 });
