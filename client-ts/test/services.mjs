@@ -5,7 +5,7 @@ import { execFile, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
@@ -22,6 +22,12 @@ export function deniableBin() {
   throw new Error(
     "the e2e tests need the Python services: run `pip install -e \".[server]\"` in a venv at the repository root (.venv) or set DENIABLE_BIN",
   );
+}
+
+/** The Python of the environment `deniable` is installed in (the one that has the Deniable core). */
+export function pythonBin() {
+  const beside = join(dirname(deniableBin()), "python");
+  return existsSync(beside) ? beside : "python3";
 }
 
 async function freePort() {
