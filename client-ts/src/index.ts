@@ -19,7 +19,9 @@ export {
   encodeSubmitRequest,
 } from "./proto.js";
 export { type ByteSource, csprng, randbelow, randbits, u64le } from "./random.js";
-export { CampaignClosed, CampaignUnavailable, Reporter, type ReporterOptions, type SendResult } from "./reporter.js";
+export {
+  CampaignClosed, CampaignIncarnationError, CampaignUnavailable, Reporter, pinIncarnation, type ReporterOptions, type SendResult,
+} from "./reporter.js";
 export { type AsyncStorageLike, IndexedDBStore, type KeyValueStore, MemoryStore, asyncStorageStore } from "./store.js";
 export { type FetchLike, HttpTransport, type Transport, TransportError } from "./transport.js";
-export { type Layout, encodePlaintext, hpkeInfo, layoutFor, validCampaignId } from "./wire.js";
+export { type Layout, SIZE_CLASSES, encodePlaintext, hpkeInfo, layoutFor, validCampaignId } from "./wire.js";

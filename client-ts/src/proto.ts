@@ -133,6 +133,8 @@ export interface Campaign {
   params: Record<string, number>;
   signature: Uint8Array;
   localGuarantee: boolean;
+  /** Which life of this campaign id the description belongs to (bound into every report's HPKE info). */
+  incarnation: Uint8Array;
   /** Every field record as received (what the signature is checked over, `canonicalCampaignBytes`). */
   records: FieldRecord[];
 }
@@ -142,7 +144,7 @@ function emptyCampaign(records: FieldRecord[]): Campaign {
     id: "", question: "", kind: 0, labels: [], mechanism: 0, epsilon0: 0, delta: 0, nMin: 0,
     windowStartUnix: 0, windowEndUnix: 0, keyId: 0, publicKey: new Uint8Array(0), hpkeSuite: "",
     payloadLength: 0, plaintextLength: 0, ciphertextLength: 0, deviceBudgetEpsilon: 0, params: {},
-    signature: new Uint8Array(0), localGuarantee: false, records,
+    signature: new Uint8Array(0), localGuarantee: false, incarnation: new Uint8Array(0), records,
   };
 }
 
@@ -182,11 +184,12 @@ const SETTERS: Record<number, Setter> = {
   },
   22: (c, v) => { if (!(v instanceof Uint8Array)) throw new ProtoError("signature"); c.signature = v.slice(); },
   38: (c, v) => { c.localGuarantee = asBigint(v) !== 0n; },
+  40: (c, v) => { if (!(v instanceof Uint8Array)) throw new ProtoError("incarnation"); c.incarnation = v.slice(); },
 };
 
 /** Fields of Campaign this SDK knows (sorted by number in the canonical encoding); others are unknown. */
 const KNOWN_FIELDS = new Set([
-  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 28, 29, 30, 31, 34, 38, 39,
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 28, 29, 30, 31, 34, 38, 39, 40,
 ]);
 const WIRE_TYPES: Record<number, number> = { 6: 1, 7: 1, 17: 1, 19: 1, 39: 1 };
 

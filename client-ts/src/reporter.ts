@@ -25,6 +25,32 @@ export class CampaignUnavailable extends Error {
   override name = "CampaignUnavailable";
 }
 
+/**
+ * The description belongs to another life (incarnation) of a campaign id than the one this device
+ * pinned when it first joined: an older description replayed by a relay, refused.
+ */
+export class CampaignIncarnationError extends Error {
+  override name = "CampaignIncarnationError";
+}
+
+function hex(bytes: Uint8Array): string {
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** Pin the campaign's incarnation in `store` on first use; refuse a description of another one. */
+export async function pinIncarnation(store: KeyValueStore, campaignId: string, incarnation: Uint8Array): Promise<void> {
+  const key = `incarnation/${campaignId}`;
+  const pinned = await store.get(key);
+  if (pinned === undefined) {
+    await store.setMany([[key, hex(incarnation)]]);
+  } else if (pinned !== hex(incarnation)) {
+    throw new CampaignIncarnationError(
+      `campaign ${JSON.stringify(campaignId)}: the description is of incarnation ${hex(incarnation) || "(none)"},` +
+        ` this device joined incarnation ${pinned || "(none)"}: an older description, refused`,
+    );
+  }
+}
+
 /** Outcome of one `sendPending`: acknowledged, permanently rejected, and still queued reports. */
 export interface SendResult {
   acknowledged: number;
@@ -66,7 +92,10 @@ export class Reporter {
     this.random = options.random ?? csprng;
   }
 
-  /** A Reporter once the description verifies with the pinned key, fits the policy and is valid. */
+  /**
+   * A Reporter once the description verifies with the pinned key, fits the policy, is valid, and is
+   * of the incarnation this device pinned in `store` when it first fetched the campaign.
+   */
   static async fetch(campaignId: string, options: ReporterOptions): Promise<Reporter> {
     const clock = options.clock ?? (() => Date.now() / 1000);
     const sleep = options.sleep ?? realSleep;
@@ -87,6 +116,7 @@ export class Reporter {
     if (checked.campaign.id !== campaignId) {
       throw new CampaignInvalid(`asked for campaign ${JSON.stringify(campaignId)}, got ${JSON.stringify(checked.campaign.id)}`);
     }
+    await pinIncarnation(options.store, campaignId, checked.campaign.incarnation);
     return new Reporter(checked, options);
   }
 
@@ -106,7 +136,7 @@ export class Reporter {
       { reportId: csprng(16), campaignId: campaign.id, keyId: campaign.keyId, payload },
       layout.plaintextLength,
     );
-    const ciphertext = await seal(campaign.publicKey, hpkeInfo(campaign.id, campaign.keyId), plaintext);
+    const ciphertext = await seal(campaign.publicKey, hpkeInfo(campaign.id, campaign.keyId, campaign.incarnation), plaintext);
     if (ciphertext.length !== layout.ciphertextLength) {
       throw new CampaignInvalid(`sealed ${ciphertext.length} bytes, campaign expects ${layout.ciphertextLength}`);
     }

@@ -26,9 +26,16 @@ export interface Layout {
   ciphertextLength: number;
 }
 
-/** §3: plaintext_length = 16 · ⌈(88 + payload_length) / 16⌉; ciphertext adds the 48-byte HPKE overhead. */
+/** §3: every plaintext length a campaign may have, shared by all campaigns: 128, 256, …, 131072 bytes. */
+export const SIZE_CLASSES: readonly number[] = Array.from({ length: 11 }, (_, k) => 2 ** (7 + k));
+
+/** §3: plaintext_length = the smallest size class ≥ 88 + payload_length; ciphertext adds the 48-byte HPKE overhead. */
 export function layoutFor(payloadLength: number): Layout {
-  const plaintextLength = 16 * Math.ceil((HEADER_LENGTH + payloadLength) / 16);
+  if (!(Number.isInteger(payloadLength) && payloadLength > 0 && payloadLength <= 0xffff)) {
+    throw new RangeError(`payload length ${payloadLength} is not in 1..65535`);
+  }
+  const plaintextLength = SIZE_CLASSES.find((size) => size >= HEADER_LENGTH + payloadLength);
+  if (plaintextLength === undefined) throw new RangeError(`payload length ${payloadLength} exceeds the largest size class`);
   return { payloadLength, plaintextLength, ciphertextLength: plaintextLength + HPKE_OVERHEAD };
 }
 
@@ -58,15 +65,26 @@ export function encodePlaintext(fields: Plaintext, plaintextLength: number): Uin
   return out;
 }
 
-/** §4: "deniable/v1/report" ‖ u16 len(campaign_id) ‖ campaign_id ‖ u32 key_id. */
-export function hpkeInfo(campaignId: string, keyId: number): Uint8Array {
+/**
+ * §4: "deniable/v1/report" ‖ u16 len(campaign_id) ‖ campaign_id ‖ u32 key_id, then, for a campaign
+ * with an incarnation, u8 len(incarnation) ‖ incarnation: a report replayed into another life of
+ * the same id does not open.
+ */
+export function hpkeInfo(campaignId: string, keyId: number, incarnation: Uint8Array = new Uint8Array(0)): Uint8Array {
+  if (incarnation.length > 255) throw new RangeError("an incarnation is at most 255 bytes");
   const prefix = utf8.encode(INFO_PREFIX);
   const campaign = utf8.encode(campaignId);
-  const out = new Uint8Array(prefix.length + 2 + campaign.length + 4);
+  const tail = incarnation.length > 0 ? 1 + incarnation.length : 0;
+  const out = new Uint8Array(prefix.length + 2 + campaign.length + 4 + tail);
   const view = new DataView(out.buffer);
   out.set(prefix, 0);
   view.setUint16(prefix.length, campaign.length);
   out.set(campaign, prefix.length + 2);
-  view.setUint32(prefix.length + 2 + campaign.length, keyId);
+  const after = prefix.length + 2 + campaign.length;
+  view.setUint32(after, keyId);
+  if (tail > 0) {
+    out[after + 4] = incarnation.length;
+    out.set(incarnation, after + 5);
+  }
   return out;
 }

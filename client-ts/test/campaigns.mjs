@@ -39,7 +39,7 @@ export function campaignFields(overrides = {}) {
   const base = {
     id: "c1", kind: 1, labels: ["no", "yes"], mechanism: 1, epsilon0: 1, nMin: 1, keyId: 1,
     publicKey: new Uint8Array(32).fill(9), hpkeSuite: "X25519-HKDF-SHA256-CHACHA20POLY1305", deviceBudgetEpsilon: 1,
-    params: {}, windowStart: 0, windowEnd: 0, ...overrides,
+    params: {}, windowStart: 0, windowEnd: 0, incarnation: new Uint8Array(16).fill(0xab), ...overrides,
   };
   if (base.payloadLength === undefined) {
     let payload = 1;
@@ -78,6 +78,7 @@ export function encodeCampaign(f) {
     doubleField(entry, 2, f.params[key]);
     bytesField(out, 21, entry);
   }
+  if (f.incarnation.length > 0) bytesField(out, 40, f.incarnation);
   return Uint8Array.from(out);
 }
 
@@ -90,7 +91,11 @@ export function signedCampaign(overrides = {}, key = SIGNING_KEY) {
   message.set(DOMAIN);
   message.set(body, DOMAIN.length);
   const signature = ed25519.sign(message, key);
-  const out = [...body];
+  // field 22 goes where a deterministic encoder puts it: before the fields numbered above it (40)
+  const fields = campaignFields(overrides);
+  const below = encodeCampaign({ ...fields, incarnation: new Uint8Array(0) });
+  const out = [...below];
   bytesField(out, 22, signature);
+  out.push(...body.slice(below.length));
   return Uint8Array.from(out);
 }

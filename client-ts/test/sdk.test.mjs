@@ -29,13 +29,17 @@ test("a correctly signed description verifies; every altered field or another ke
   assert.equal(verifyDescription(good, { aggregatorKey: Buffer.from(PINNED).toString("hex") }).randomiser.name, "binary_rr");
   // flip one byte anywhere in the signed body: refused
   const bodyLength = good.length - 67; // the signature record: tag b201, length 64, 64 bytes
-  for (let i = 0; i < bodyLength; i++) {
+  const signatureAt = good.length - 67 - 19; // before the incarnation record (tag c202, length 16, 16 bytes)
+  for (let i = 0; i < good.length; i++) {
+    if (i >= signatureAt && i < signatureAt + 67) continue;
     const altered = good.slice();
     altered[i] ^= 0x01;
     assert.throws(() => verifyDescription(altered, { aggregatorKey: PINNED }), (e) => e instanceof CampaignSignatureError || e.name === "ProtoError" || e instanceof CampaignInvalid || e instanceof UnsupportedCampaign, `byte ${i}`);
   }
   assert.throws(() => verifyDescription(signedCampaign({}, new Uint8Array(32).fill(8)), { aggregatorKey: PINNED }), CampaignSignatureError);
-  assert.throws(() => verifyDescription(good.slice(0, bodyLength), { aggregatorKey: PINNED }), /not signed/);
+  const unsigned = Uint8Array.from([...good.slice(0, signatureAt), ...good.slice(signatureAt + 67)]);
+  assert.equal(unsigned.length, bodyLength);
+  assert.throws(() => verifyDescription(unsigned, { aggregatorKey: PINNED }), /not signed/);
   assert.throws(() => verifyDescription(good, {}), /no aggregator signing key pinned/);
   assert.throws(() => verifyDescription(good, { aggregatorKey: "abcd" }), /32 bytes/);
   // with the check removed (insecureSkipVerify), the forged key is taken: the signature is what refuses it
@@ -211,4 +215,45 @@ test("HttpTransport: 408/429/5xx and network errors are retryable, other 4xx per
   assert.deepEqual(await outcome(answer(404, '{"code":"not_found","message":"x"}')), [false, 404, "not_found"]);
   assert.deepEqual(await outcome(answer(200, "<html>", "text/html")), [true, 200, undefined], "a proxy's page");
   assert.deepEqual(await outcome(async () => { throw new TypeError("fetch failed"); }), [true, undefined, undefined]);
+});
+
+test("the incarnation is pinned on first fetch (durably): an older life's signed description is refused", async () => {
+  const { CampaignIncarnationError } = await import("../dist/index.js");
+  const dir = mkdtempSync(join(tmpdir(), "deniable-incarnation-"));
+  try {
+    const path = join(dir, "device.json");
+    const fetchWith = async (incarnation) => {
+      const transport = fakeTransport(signedCampaign({ incarnation }), () => ({ accepted: 1, rejected: [] }));
+      return Reporter.fetch("c1", { transport, store: await FileStore.open(path), aggregatorKey: PINNED, ...instant });
+    };
+    const current = new Uint8Array(16).fill(2);
+    await fetchWith(current);
+    await fetchWith(current);
+    await assert.rejects(fetchWith(new Uint8Array(16).fill(1)), CampaignIncarnationError, "a genuinely signed older life");
+    await assert.rejects(fetchWith(new Uint8Array(0)), CampaignIncarnationError, "a description without incarnation");
+    // a fresh device (no pin) accepts either: the pin is what refuses the replay
+    const transport = fakeTransport(signedCampaign({ incarnation: new Uint8Array(16).fill(1) }), () => ({ accepted: 1, rejected: [] }));
+    await Reporter.fetch("c1", { transport, store: new MemoryStore(), aggregatorKey: PINNED, ...instant });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("the incarnation is bound into the HPKE info of every sealed report", async () => {
+  const { hpkeInfo } = await import("../dist/index.js");
+  const plain = Buffer.from(hpkeInfo("c1", 7)).toString("hex");
+  assert.equal(plain, Buffer.from("deniable/v1/report").toString("hex") + "0002" + "6331" + "00000007");
+  assert.equal(Buffer.from(hpkeInfo("c1", 7, Uint8Array.of(0xaa, 0xbb))).toString("hex"), plain + "02aabb");
+  assert.throws(() => hpkeInfo("c1", 7, new Uint8Array(256)), /at most 255/);
+});
+
+test("size classes: every plaintext is padded to 128, 256, … bytes whatever the mechanism", async () => {
+  const { layoutFor, SIZE_CLASSES } = await import("../dist/index.js");
+  assert.equal(SIZE_CLASSES[0], 128);
+  assert.equal(SIZE_CLASSES.at(-1), 131072);
+  assert.deepEqual(layoutFor(1), { payloadLength: 1, plaintextLength: 128, ciphertextLength: 176 });
+  assert.equal(layoutFor(40).plaintextLength, 128);
+  assert.equal(layoutFor(41).plaintextLength, 256);
+  assert.equal(layoutFor(65535).plaintextLength, 131072);
+  assert.throws(() => layoutFor(0), RangeError);
 });
