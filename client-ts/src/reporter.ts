@@ -27,9 +27,10 @@ export class CampaignUnavailable extends Error {
 
 /**
  * The description belongs to another life (incarnation) of a campaign id than the one this device
- * pinned when it first joined: an older description replayed by a relay, refused.
+ * pinned when it first joined: an older description replayed by a relay, refused. A CampaignInvalid,
+ * as in the Python SDK.
  */
-export class CampaignIncarnationError extends Error {
+export class CampaignIncarnationError extends CampaignInvalid {
   override name = "CampaignIncarnationError";
 }
 
@@ -37,16 +38,21 @@ function hex(bytes: Uint8Array): string {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-/** Pin the campaign's incarnation in `store` on first use; refuse a description of another one. */
+/**
+ * Pin the campaign's incarnation in `store` on first use; refuse a description of another one.
+ * Descriptions without an incarnation (made before they existed) are neither pinned nor refused,
+ * as in the Python SDK (BudgetLedger.pin_incarnation).
+ */
 export async function pinIncarnation(store: KeyValueStore, campaignId: string, incarnation: Uint8Array): Promise<void> {
+  if (incarnation.length === 0) return;
   const key = `incarnation/${campaignId}`;
   const pinned = await store.get(key);
   if (pinned === undefined) {
     await store.setMany([[key, hex(incarnation)]]);
   } else if (pinned !== hex(incarnation)) {
     throw new CampaignIncarnationError(
-      `campaign ${JSON.stringify(campaignId)}: the description is of incarnation ${hex(incarnation) || "(none)"},` +
-        ` this device joined incarnation ${pinned || "(none)"}: an older description, refused`,
+      `campaign ${JSON.stringify(campaignId)}: the description is of incarnation ${hex(incarnation)},` +
+        ` this device pinned incarnation ${pinned}: another life of the id, refused`,
     );
   }
 }

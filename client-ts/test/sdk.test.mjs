@@ -230,7 +230,8 @@ test("the incarnation is pinned on first fetch (durably): an older life's signed
     await fetchWith(current);
     await fetchWith(current);
     await assert.rejects(fetchWith(new Uint8Array(16).fill(1)), CampaignIncarnationError, "a genuinely signed older life");
-    await assert.rejects(fetchWith(new Uint8Array(0)), CampaignIncarnationError, "a description without incarnation");
+    await assert.rejects(fetchWith(new Uint8Array(16).fill(1)), CampaignInvalid, "a CampaignInvalid, as in Python");
+    await fetchWith(new Uint8Array(0)); // made before incarnations existed: neither pinned nor refused (Python's rule)
     // a fresh device (no pin) accepts either: the pin is what refuses the replay
     const transport = fakeTransport(signedCampaign({ incarnation: new Uint8Array(16).fill(1) }), () => ({ accepted: 1, rejected: [] }));
     await Reporter.fetch("c1", { transport, store: new MemoryStore(), aggregatorKey: PINNED, ...instant });
