@@ -200,6 +200,9 @@ class HttpsEndpoint:
         self._origins = frozenset(config.cors_origins)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        for rpc in ("http_get_campaign", "http_submit_reports"):  # dashboards see the series at zero
+            for status in ("200", *{str(code) for code in ERROR_CODES.values()}):
+                metrics.requests.labels(service=metrics.service, rpc=rpc, code=status)
 
     def app(self) -> web.Application:
         """The routes, the middleware that counts, sheds, answers CORS and turns failures into JSON."""

@@ -44,6 +44,9 @@ async def test_campaign_route_relays_the_signed_description(tmp_path: Path) -> N
         missing = await client.request("GET", "/v1/campaigns/nope")
         assert (missing.status, missing.json()["code"]) == (404, "not_found")
         assert _requests_total(services, "http_get_campaign", "200") == 1
+        registry = services.shuffler.metrics.registry  # type: ignore[union-attr]
+        series = {"service": "shuffler", "rpc": "http_submit_reports", "code": "429"}
+        assert registry.get_sample_value("deniable_requests_total", series) == 0.0  # there from the start
 
 
 async def test_reports_route_spools_durably_and_answers_per_report(tmp_path: Path) -> None:
