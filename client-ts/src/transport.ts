@@ -59,7 +59,9 @@ export class HttpTransport implements Transport {
     if (body !== undefined) headers["Content-Type"] = PROTOBUF;
     let response;
     let data: ArrayBuffer;
-    const signal = typeof AbortSignal.timeout === "function" ? AbortSignal.timeout(this.timeoutMs) : undefined;
+    // AbortSignal.timeout is missing on some React Native runtimes: no client-side timeout there
+    const hasTimeout = typeof AbortSignal !== "undefined" && typeof AbortSignal.timeout === "function";
+    const signal = hasTimeout ? AbortSignal.timeout(this.timeoutMs) : undefined;
     try {
       response = await this.fetchFn(this.baseUrl + path, { method, headers, body, signal });
       data = await response.arrayBuffer();

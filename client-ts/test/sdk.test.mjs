@@ -16,9 +16,9 @@ import { PINNED, signedCampaign } from "./campaigns.mjs";
 
 const ROOT = new URL("../", import.meta.url);
 
-test("no Math.random in the SDK's sources nor in the browser bundle (privacy noise only from the CSPRNG)", () => {
+test("no Math.random in the SDK's sources, the example, nor the browser bundle (privacy noise only from the CSPRNG)", () => {
   const files = readdirSync(new URL("src/", ROOT)).map((f) => new URL(`src/${f}`, ROOT));
-  files.push(new URL("bundle/deniable.min.js", ROOT));
+  files.push(new URL("bundle/deniable.min.js", ROOT), new URL("examples/send.mjs", ROOT));
   for (const file of files) assert.doesNotMatch(readFileSync(file, "utf8"), /Math\.random/, file.pathname);
   assert.match(readFileSync(new URL("src/random.ts", ROOT), "utf8"), /getRandomValues/);
 });
