@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs beyond Python: kubectl (tests/deploy), mosquitto (the MQTT broker the MQTT
 # transport tests start) and postgresql (the server binaries the PostgreSQL store tests run
-# with initdb/pg_ctl in a temporary directory) and nats-server (JetStream, started by the NATS
-# tests on a free loopback port). Installs only what is missing; needs root or sudo.
+# with initdb/pg_ctl in a temporary directory), nats-server (JetStream, started by the NATS
+# tests on a free loopback port) and chromium (client-ts browser tests). Installs only what is missing; needs root or sudo.
 set -euo pipefail
 need=()
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
@@ -12,6 +12,9 @@ compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 # kubectl 1.32 (kustomize v5.5); Debian's kubernetes-client is the fallback, but its kubectl 1.20
 # embeds kustomize v2, too old for `labels:`/`patches:`: tests/deploy then fail saying so.
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
+# chromium: the TypeScript SDK's browser tests (client-ts/test/browser.test.mjs) drive Debian's
+# /usr/bin/chromium headless with playwright-core, which never downloads a browser.
+[ -x /usr/bin/chromium ] || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "installing Debian packages: ${need[*]}" >&2
 sudo=()

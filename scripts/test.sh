@@ -2,7 +2,9 @@
 # The whole test suite, from a fresh clone: install the Debian packages the tests need
 # (scripts/system-deps.sh: mosquitto, postgresql), make/use .venv, install the project and its
 # dev tools, run the static checks (ruff, mypy --strict, import contracts, proto drift), then pytest
-# (which prints the 20 slowest tests: --durations=20 in pyproject addopts).
+# (which prints the 20 slowest tests: --durations=20 in pyproject addopts), then the TypeScript SDK's
+# tests (`npm ci && npm test` in client-ts/: golden vectors, distributions, and end-to-end runs that
+# start the Python services from this venv and headless Chromium; needs Node >= 20 and npm).
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +18,9 @@ python -m pip install -q --disable-pip-version-check -e ".[dev]"
 scripts/deploy-tools.sh  # hadolint, check-jsonschema, kubernetes-validate, checkov (tests/deploy)
 scripts/check.sh
 python -m pytest "$@"
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
+  || [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
+  echo "scripts/test.sh: the TypeScript SDK's tests (client-ts/) need Node >= 20 and npm on PATH" >&2
+  exit 1
+fi
+(cd client-ts && npm ci --no-audit --no-fund && npm test)
