@@ -16,7 +16,9 @@ from deniable.v1 import deniable_pb2 as pb
 UNKNOWN = 256
 
 
-def _unknown_request(kit: SimpleNamespace, prefix: str = "nope", count: int = UNKNOWN) -> pb.SubmitReportsRequest:
+def _unknown_request(
+    kit: SimpleNamespace, prefix: str = "nope", count: int = UNKNOWN
+) -> pb.SubmitReportsRequest:
     """One report for each of ``count`` distinct campaign ids nobody created."""
     reports = []
     for i in range(count):

@@ -28,7 +28,9 @@ def _refused(shuffler: Any, reason: str) -> float:
     return float(value or 0.0)
 
 
-async def _one_request(stub: deniable_pb2_grpc.ShufflerAsyncStub, kit: SimpleNamespace, campaign: pb.Campaign) -> None:
+async def _one_request(
+    stub: deniable_pb2_grpc.ShufflerAsyncStub, kit: SimpleNamespace, campaign: pb.Campaign
+) -> None:
     """A single device's request, accepted and spooled."""
     answer = await stub.SubmitReports(
         pb.SubmitReportsRequest(reports=kit.make_reports(campaign, 1)), timeout=5
@@ -36,7 +38,9 @@ async def _one_request(stub: deniable_pb2_grpc.ShufflerAsyncStub, kit: SimpleNam
     assert answer.accepted == 1
 
 
-async def _lower_after_join(upstream: Any, start: Any, channel_to: Any, kit: SimpleNamespace, **floor: Any) -> Any:
+async def _lower_after_join(
+    upstream: Any, start: Any, channel_to: Any, kit: SimpleNamespace, **floor: Any
+) -> Any:
     """Devices join under n_min 5; the aggregator then lowers n_min to 1 and closes the window."""
     signer = SigningKey.generate()
     fair = signer.sign_campaign(kit.make_campaign(CAMPAIGN, n_min=5, batch_target=5))
