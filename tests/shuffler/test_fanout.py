@@ -3,6 +3,7 @@ shuffler stampede the aggregator or fill the quota table."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -100,10 +101,8 @@ def _flood_then_newcomer(quota: SourceQuota) -> None:
     """1,000 addresses of one /64 report once each; then a device from another prefix reports."""
     for i in range(1000):
         keys = quota.keys(_Context(f"ipv6:[2001:db8:0:1::{i:x}]:4000"))  # type: ignore[arg-type]
-        try:
+        with contextlib.suppress(QuotaExceeded):
             quota.charge(keys, {"c": 1}, {"c": 5000})
-        except QuotaExceeded:
-            pass
     newcomer = quota.keys(_Context("ipv6:[2001:db8:0:2::1]:4000"))  # type: ignore[arg-type]
     quota.charge(newcomer, {"c": 1}, {"c": 5000})
 
