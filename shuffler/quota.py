@@ -81,6 +81,10 @@ class SourceQuota:
             found.append(self._digest(b"cert:" + pems[0]))
         return tuple(found)
 
+    def user_keys(self, user: str | None) -> SourceKeys:
+        """The opaque key of an MQTT broker login (None: the one shared key of devices without one)."""
+        return (self._digest(b"mqtt-user:" + (user or "").encode()),)
+
     def _digest(self, data: bytes) -> bytes:
         return hmac.new(self._key, data, hashlib.sha256).digest()[:16]
 
