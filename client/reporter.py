@@ -472,8 +472,7 @@ class Reporter:
         after equal-jitter exponential backoff (``core.backoff``); after ``max_attempts`` consecutive
         failures the rest stay queued for a later call. A non-retryable TransportError (including a
         response that does not account for every report) is raised, leaving the current batch queued.
-        With a policy (``fetch(policy=...)``) the current description is re-checked first
-        (``recheck``): CampaignPolicyError leaves every report queued.
+        ``recheck`` runs first (CampaignPolicyError leaves every report queued).
         """
         if batch_size <= 0 or max_attempts <= 0:
             raise ValueError("batch_size and max_attempts must be positive")

@@ -23,7 +23,7 @@ def _shuffler(docs: list[dict[str, Any]]) -> dict[str, Any]:
         for c in w["spec"]["template"]["spec"]["containers"]
         if c["name"] == "shuffler"
     ]
-    return container
+    return dict(container)
 
 
 def _probe_targets_operator_port(command: list[str]) -> None:

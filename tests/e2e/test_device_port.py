@@ -82,7 +82,7 @@ async def _hold(address: str, certs: DevCerts, streams: int) -> Strangers:
         if i % 2:
             calls.append(health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest()))
         else:
-            calls.append(channel.stream_stream(slow)(never()))
+            calls.append(channel.stream_stream(slow)(never()))  # type: ignore[arg-type]
     for call in calls:
         with contextlib.suppress(grpc.aio.AioRpcError):  # Watch is refused at once; slow calls stay
             await asyncio.wait_for(call.wait_for_connection(), 20)

@@ -155,8 +155,8 @@ async def test_raising_n_min_before_anyone_joined_is_accepted(
     upstream.fake.add(kit.make_campaign(CAMPAIGN, n_min=5))
     shuffler = await start(campaign_ttl_s=0.0)
     directory = shuffler.handlers.directory
-    assert (await directory.get(CAMPAIGN)).n_min == 5  # type: ignore[union-attr]
+    assert (await directory.get(CAMPAIGN)).n_min == 5
     upstream.fake.add(kit.make_campaign(CAMPAIGN, n_min=3))
     await directory.refresh(CAMPAIGN, force=True)
     await asyncio.sleep(0)
-    assert (await directory.get(CAMPAIGN)).n_min == 3  # type: ignore[union-attr]
+    assert (await directory.get(CAMPAIGN)).n_min == 3
