@@ -71,7 +71,7 @@ class Floor:
                 verify_campaign(campaign, verify_key(self.signing_key))
             except CampaignSignatureError as exc:
                 return f"signature: {exc}"
-        if campaign.n_min < self.n_min:
+        if max(1, campaign.n_min) < self.n_min:
             return f"n_min {campaign.n_min} is below this shuffler's minimum {self.n_min}"
         if max(campaign.n_min, campaign.batch_target) < self.batch_target:
             return (
@@ -185,7 +185,8 @@ class CampaignDirectory:
         return None
 
     async def list(self) -> pb.ListCampaignsResponse:
-        """Relay ListCampaigns from upstream (caching them); the cached campaigns if it is down."""
+        """Relay ListCampaigns from upstream (caching them), only descriptions the floor accepts
+        (pinned copies where a change was refused); the cached campaigns if it is down."""
         try:
             response: pb.ListCampaignsResponse = await self._upstream.ListCampaigns(
                 pb.ListCampaignsRequest(), timeout=self._deadline_s
@@ -196,10 +197,11 @@ class CampaignDirectory:
             if not cached:
                 raise Unavailable("the aggregator is unreachable and no campaign is cached") from exc
             return pb.ListCampaignsResponse(campaigns=cached)
+        kept = []  # relay (and announce over MQTT) only what this shuffler accepted, pinned copies
         for campaign in response.campaigns:
-            if valid_campaign_id(campaign.id):
-                await self._remember(campaign)
-        return response
+            if valid_campaign_id(campaign.id) and await self._remember(campaign):
+                kept.append(self._memory[campaign.id].campaign)
+        return pb.ListCampaignsResponse(campaigns=kept)
 
     async def close(self) -> None:
         """Cancel background refreshes."""

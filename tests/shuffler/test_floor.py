@@ -160,3 +160,14 @@ async def test_raising_n_min_before_anyone_joined_is_accepted(
     await directory.refresh(CAMPAIGN, force=True)
     await asyncio.sleep(0)
     assert (await directory.get(CAMPAIGN)).n_min == 3
+
+
+async def test_list_relays_only_accepted_descriptions(
+    upstream: Any, start: Any, kit: SimpleNamespace
+) -> None:
+    """ListCampaigns (and so the MQTT announcements) never relays a description the floor refused."""
+    upstream.fake.add(kit.make_campaign("low", n_min=1))
+    upstream.fake.add(kit.make_campaign("fine", n_min=5))
+    shuffler = await start(min_n_min=3)
+    listed = await shuffler.handlers.list_campaigns()
+    assert [c.id for c in listed.campaigns] == ["fine"]
