@@ -81,6 +81,7 @@ def _add_serve(shuffler: Subparsers) -> None:
         "--upstream-ca", type=Path, default=None, help="CA of the aggregator's certificate (default --tls-ca)"
     )
     _add_quota_options(serve)
+    _add_floor_options(serve)
     _add_mqtt_ingress_options(serve)
     _add_https_options(serve)
     serve.set_defaults(handler=run_serve)
@@ -118,6 +119,36 @@ def _add_quota_options(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--quota-window", type=positive_float, default=3600.0, help="quota window in seconds (default 3600)"
+    )
+
+
+def _add_floor_options(serve: argparse.ArgumentParser) -> None:
+    """The shuffler's own floor and the aggregator key its descriptions must verify with (ADR 0032)."""
+    serve.add_argument(
+        "--min-n-min",
+        type=int,
+        default=2,
+        help="refuse campaign descriptions whose n_min is below this; no description lowers it"
+        " (default %(default)s: never a one-device batch on a description's say-so)",
+    )
+    serve.add_argument(
+        "--min-batch-target",
+        type=int,
+        default=2,
+        help="refuse campaign descriptions whose batch target is below this (default %(default)s)",
+    )
+    serve.add_argument(
+        "--aggregator-signing-key",
+        default=None,
+        metavar="HEX",
+        help="the aggregator's Ed25519 signing public key (`deniable keys list` prints it): descriptions"
+        " that do not verify with it are refused (default: not verified, logged at start)",
+    )
+    serve.add_argument(
+        "--device-deadline",
+        type=positive_float,
+        default=30.0,
+        help="end a device RPC still running after this many seconds (default %(default)s)",
     )
 
 
@@ -220,6 +251,10 @@ def run_serve(args: argparse.Namespace) -> int:
         upstream_ca=args.upstream_ca,
         quota_per_source=args.quota_per_source,
         quota_window_s=args.quota_window,
+        min_n_min=args.min_n_min,
+        min_batch_target=args.min_batch_target,
+        signing_key=args.aggregator_signing_key,
+        device_deadline_s=args.device_deadline,
         config_source=config_source(args),
     )
     asyncio.run(serve_shuffler(config))

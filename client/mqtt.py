@@ -187,7 +187,7 @@ class MqttTransport:
         body = pb.SubmitReportsRequest(reports=list(reports)).SerializeToString()
         raw = await session.exchange(
             mqtt.ack_topic(self.prefix, request_id),
-            (mqtt.submit_topic(self.prefix, request_id), body),
+            (mqtt.submit_topic(self.prefix, request_id, self.broker.username), body),
             self.timeout_s,
             "SubmitReports over MQTT",
         )

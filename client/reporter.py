@@ -113,7 +113,8 @@ class DevicePolicy:
     """The weakest campaign an app accepts, checked after the signature (``CampaignPolicyError``).
 
     ``allowed_mechanisms``: mechanism names (e.g. "grr", "binary_rr"); None allows every one.
-    ``min_batch``: the smallest n_min (reports per shuffled batch) accepted.
+    ``min_batch``: the fewest devices per shuffled batch accepted: n_min counts messages, so for a
+    multi-message mechanism it is divided by the messages one device sends (ADR 0032).
     ``require_local_dp``: refuse shuffle-only protocols, whose reports carry no local guarantee.
     """
 
@@ -152,9 +153,10 @@ class DevicePolicy:
                 f"{name}: device budget {campaign.device_budget_epsilon:g} exceeds the policy's"
                 f" {self.max_device_budget:g}"
             )
-        if campaign.n_min < self.min_batch:
+        if self.min_batch > 0 and (devices := devices_per_batch(campaign)) < self.min_batch:
             raise CampaignPolicyError(
-                f"{name}: n_min {campaign.n_min} is below the policy's {self.min_batch}"
+                f"{name}: n_min {campaign.n_min} is {devices} devices per batch, below the policy's"
+                f" {self.min_batch}"
             )
         if self.allowed_mechanisms is not None:
             try:
@@ -163,6 +165,19 @@ class DevicePolicy:
                 mechanism = f"mechanism {int(campaign.mechanism)}"
             if mechanism not in self.allowed_mechanisms:
                 raise CampaignPolicyError(f"{name}: {mechanism} is not an allowed mechanism")
+
+
+def devices_per_batch(campaign: pb.Campaign) -> int:
+    """The fewest devices a batch of n_min messages can hold: n_min over the most messages one
+    device may send (1 for single-message mechanisms)."""
+    try:
+        randomiser = randomiser_for(campaign)
+    except ValueError:
+        return 0  # a description this SDK cannot use: validate_campaign says why
+    most = randomiser.max_messages_per_device
+    if most is None:  # unbounded: one device could send a whole batch
+        return 1 if randomiser.multi_message else campaign.n_min
+    return campaign.n_min // max(1, most)
 
 
 def verify_description(
@@ -255,10 +270,13 @@ class Reporter:
         require_local_guarantee: bool = False,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
+        policy: DevicePolicy | None = None,
+        aggregator_key: bytes | str | None = None,
     ) -> None:
         """Check the campaign (CampaignInvalid, also for an incarnation other than the one ``ledger``
         pinned for its id; CampaignRefused if ``require_local_guarantee`` and it has none) and
-        rebuild its randomiser; ``clock``/``sleep`` for tests.
+        rebuild its randomiser; ``clock``/``sleep`` for tests. With ``policy`` (and
+        ``aggregator_key``), ``send_pending`` re-checks the current description before sending.
 
         The description is trusted as given: use ``fetch``, or ``verify_description`` first, for one
         that came through the shuffler, a broker or any cache."""
@@ -282,6 +300,8 @@ class Reporter:
         self._clock = clock
         self._sleep = sleep
         self._send_lock = asyncio.Lock()
+        self.policy = policy
+        self._aggregator_key = aggregator_key
 
     @classmethod
     async def fetch(
@@ -323,7 +343,42 @@ class Reporter:
             require_local_guarantee=require_local_guarantee,
             clock=clock,
             sleep=sleep,
+            policy=policy,
+            aggregator_key=aggregator_key,
         )
+
+    async def recheck(self) -> None:
+        """Re-check the policy on the description reports are sent under now (ADR 0032).
+
+        Fetches the current description once; one that verifies with the pinned key replaces the
+        pinned copy only if it keeps the key, the sizes and n_min (a changed n_min after this
+        device joined is refused: CampaignPolicyError); the policy is then checked on it, so a
+        campaign made weaker after fetch is refused before anything is sent. Unreachable: the
+        pinned copy (which passed the policy) stands.
+        """
+        if self.policy is None:
+            return
+        try:
+            current = await self.transport.get_campaign(self.campaign.id)
+        except TransportError:
+            current = self.campaign
+        verify_description(
+            current, self._aggregator_key, insecure_skip_verify=self._aggregator_key is None, policy=None
+        )
+        pinned = self.campaign
+        if current.incarnation != pinned.incarnation:
+            raise CampaignInvalid(
+                f"campaign {pinned.id[:80]!r}: the description now served belongs to another incarnation"
+                " of the id than the one this device joined; not sending"
+            )
+        if current.id != pinned.id or current.n_min != pinned.n_min:
+            raise CampaignPolicyError(
+                f"campaign {pinned.id[:80]!r}: n_min changed from {pinned.n_min} to {current.n_min}"
+                " after this device joined; not sending"
+            )
+        self.policy.check(current)
+        if (current.key_id, current.public_key) == (pinned.key_id, pinned.public_key):
+            self.campaign = current
 
     def check_open(self) -> None:
         """Raise CampaignClosed unless the window is open now (start inclusive, end exclusive)."""
@@ -428,9 +483,11 @@ class Reporter:
         after equal-jitter exponential backoff (``core.backoff``); after ``max_attempts`` consecutive
         failures the rest stay queued for a later call. A non-retryable TransportError (including a
         response that does not account for every report) is raised, leaving the current batch queued.
+        ``recheck`` runs first (CampaignPolicyError leaves every report queued).
         """
         if batch_size <= 0 or max_attempts <= 0:
             raise ValueError("batch_size and max_attempts must be positive")
+        await self.recheck()  # the policy holds on the description sent under, not only at fetch
         campaign_id = self.campaign.id
         acknowledged = rejected = 0
         rejections: Counter[str] = Counter()

@@ -148,8 +148,9 @@ class Batcher:
                 extra={"campaign": campaign_id},
             )
             return None
-        n_min = max(1, campaign.n_min)
-        target = max(n_min, campaign.batch_target)
+        floor = self._directory.floor  # the shuffler's own minimums (ADR 0032)
+        n_min = floor.n_min_of(campaign)
+        target = floor.target_of(campaign)
         closed = campaign.closed or bool(
             campaign.window_end_unix and self._wall_clock() >= campaign.window_end_unix
         )
@@ -190,7 +191,7 @@ class Batcher:
         byte_cap = 2**63
         if campaign.ciphertext_length:
             byte_cap = self._max_batch_bytes // (campaign.ciphertext_length + _PER_REPORT_OVERHEAD)
-        floor = max(min(floor, byte_cap), campaign.n_min, 1)
+        floor = max(min(floor, byte_cap), self._directory.floor.n_min_of(campaign))
         return max(1, min(max(self._max_batch_reports, floor), byte_cap)), floor
 
     async def _sizes(self, campaign: pb.Campaign, pending: int, floor: int, cause: str) -> _Plan:

@@ -24,7 +24,7 @@ from deniable.shuffler.campaigns import CampaignDirectory
 from deniable.shuffler.columns import ColumnReports
 from deniable.shuffler.forwarder import Pipeline
 from deniable.shuffler.metrics import ShufflerMetrics
-from deniable.shuffler.quota import SourceKeys, SourceQuota
+from deniable.shuffler.quota import LookupBudget, SourceKeys, SourceQuota
 from deniable.shuffler.rawsubmit import RawSubmit
 from deniable.shuffler.spool import SpoolStore
 from deniable.v1 import deniable_pb2 as pb
@@ -75,9 +75,12 @@ class ShufflerHandlers:
         max_reports_per_request: int = DEFAULT_MAX_REPORTS_PER_REQUEST,
         wall_clock: Callable[[], float] = time.time,
         quota: SourceQuota | None = None,
+        lookups: LookupBudget | None = None,
     ) -> None:
         """``wall_clock`` (Unix seconds) decides whether a campaign window has ended; ``quota``
-        limits what one source may spool (None: no limit)."""
+        limits what one source may spool (None: no limit); ``lookups`` bounds the upstream
+        campaign look-ups one request and one source may cause (default: LookupBudget())."""
+        self.lookups = lookups or LookupBudget()
         self.store = store
         self.directory = directory
         self._batcher = batcher
@@ -108,7 +111,7 @@ class ShufflerHandlers:
         reports = request.reports
         campaign_ids, distinct = self._check_shape(reports)
         campaigns = await self._campaigns_with_current_keys(
-            distinct, campaign_ids, [r.key_id for r in reports]
+            distinct, campaign_ids, [r.key_id for r in reports], _Spent(source)
         )
         now = self._wall_clock()
         accepted, response = _sort_reports(
@@ -137,11 +140,11 @@ class ShufflerHandlers:
         return campaign_ids, distinct
 
     async def _campaigns_with_current_keys(
-        self, distinct: set[str], campaign_ids: list[str], key_ids: list[int]
+        self, distinct: set[str], campaign_ids: list[str], key_ids: list[int], spent: _Spent
     ) -> dict[str, pb.Campaign | None]:
         """The campaigns; one whose cached key id some report does not match (a rotation?) refreshed
-        once (rate-limited by the directory)."""
-        campaigns = await self._resolve(distinct)
+        once (rate-limited by the directory, and within the request's look-up budget)."""
+        campaigns = await self._resolve(distinct, spent)
         expected_key = {c: campaign.key_id for c, campaign in campaigns.items() if campaign is not None}
         if len(distinct) == 1:
             first = campaign_ids[0]
@@ -155,8 +158,30 @@ class ShufflerHandlers:
                 if c in expected_key and k != expected_key[c]
             }
         for campaign_id in sorted(rotated):
-            campaigns[campaign_id] = await self.directory.refresh(campaign_id)
+            if self._may_look_up(spent):
+                campaigns[campaign_id] = await self.directory.refresh(campaign_id)
         return campaigns
+
+    def _may_look_up(self, spent: _Spent) -> bool:
+        """Whether this request may ask upstream once more (per request, then per source)."""
+        if spent.count >= self.lookups.per_request:
+            self._metrics.lookups_refused.labels(reason="per_request").inc()
+            return False
+        if not self.lookups.take(spent.source):
+            self._metrics.lookups_refused.labels(reason="per_source").inc()
+            return False
+        spent.count += 1
+        return True
+
+    async def _look_up(self, campaign_id: str, spent: _Spent) -> pb.Campaign | None:
+        """The campaign if known, or looked up within the budget; None: unknown or not asked."""
+        known = self.directory.known(campaign_id)
+        if known is False:
+            self._metrics.lookups_refused.labels(reason="known_unknown").inc()
+            return None
+        if known is None and not self._may_look_up(spent):
+            return None
+        return await self.directory.get(campaign_id)
 
     def _count(self, response: pb.SubmitReportsResponse) -> None:
         """Accepted and rejected (by reason) reports in the metrics."""
@@ -212,6 +237,8 @@ class ShufflerHandlers:
         campaign_id, key_id, columns = shape
         if not valid_campaign_id(campaign_id) or columns.count > self._max_reports:
             return None  # the general path refuses it with its own words
+        if self.directory.known(campaign_id) is not True:
+            return None  # the general path looks it up within the budget
         try:
             campaign = await self.directory.get(campaign_id)
         except Unavailable:
@@ -232,10 +259,11 @@ class ShufflerHandlers:
         self._metrics.reports_accepted.inc(columns.count)
         return pb.SubmitReportsResponse(accepted=columns.count)
 
-    async def _resolve(self, campaign_ids: set[str]) -> dict[str, pb.Campaign | None]:
-        """Look every distinct campaign up; Unavailable if any cannot be decided."""
+    async def _resolve(self, campaign_ids: set[str], spent: _Spent) -> dict[str, pb.Campaign | None]:
+        """Look every distinct campaign up (within the budget: ids past it count as unknown);
+        Unavailable if any asked cannot be decided."""
         ids = sorted(campaign_ids)
-        found = await asyncio.gather(*(self.directory.get(c) for c in ids), return_exceptions=True)
+        found = await asyncio.gather(*(self._look_up(c, spent) for c in ids), return_exceptions=True)
         result: dict[str, pb.Campaign | None] = {}
         for campaign_id, outcome in zip(ids, found, strict=True):
             if isinstance(outcome, BaseException):
@@ -252,8 +280,12 @@ class ShufflerHandlers:
             await self.directory.refresh(campaign_id, force=True)
         return await self._pipeline.flush(campaign_id, below_n_min)
 
-    async def get_campaign(self, campaign_id: str) -> pb.Campaign:
-        """Relay one campaign (cached or from the aggregator); NotFound if it does not exist."""
+    async def get_campaign(self, campaign_id: str, source: SourceKeys = ()) -> pb.Campaign:
+        """Relay one campaign (cached or from the aggregator); NotFound if it does not exist (or
+        recently did not); QuotaExceeded if ``source`` is over its upstream look-up budget."""
+        unknown = self.directory.known(campaign_id) is None and valid_campaign_id(campaign_id)
+        if unknown and not self._may_look_up(_Spent(source)):
+            raise QuotaExceeded("too many campaign look-ups from this source; retry in a few seconds")
         campaign = await self.directory.get(campaign_id)
         if campaign is None:
             raise NotFound(f"campaign {_campaign_label(campaign_id)} does not exist")
@@ -272,6 +304,16 @@ class ShufflerHandlers:
                 for s in stats
             ]
         )
+
+
+class _Spent:
+    """Upstream look-ups one request has caused so far, and its source."""
+
+    __slots__ = ("count", "source")
+
+    def __init__(self, source: SourceKeys) -> None:
+        self.source = source
+        self.count = 0
 
 
 def _parsed(request: RawSubmit) -> pb.SubmitReportsRequest:

@@ -66,6 +66,24 @@ class ShufflerMetrics(ServiceMetrics):
             "SubmitReports requests refused because their source was over its quota (nothing spooled).",
             registry=self.registry,
         )
+        self.descriptions_refused = Counter(
+            "deniable_shuffler_descriptions_refused",
+            "Campaign descriptions refused by the shuffler's floor (signature, n_min, batch target).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.lookups_refused = Counter(
+            "deniable_shuffler_lookups_refused",
+            "Campaign ids refused without an upstream look-up (known unknown, or over the look-up budget).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.device_rpcs_shed = Counter(
+            "deniable_shuffler_rpcs_shed",
+            "RPCs refused by the admission budgets (device or other) or past the device deadline.",
+            ["rpc", "code"],
+            registry=self.registry,
+        )
         self.requests_failed = Counter(
             "deniable_shuffler_requests_failed",
             "RPCs answered with a non-OK status, by RPC and status code.",

@@ -169,7 +169,7 @@ class MqttIngress:
             max_queued_incoming_messages=4 * self.config.concurrency,
             socket_options=mqtt.SOCKET_OPTIONS,
         ) as client:
-            topic = mqtt.submit_topic(self.config.prefix, "+")
+            topic = f"{self.config.prefix}/submit/#"  # <id> and <user>/<id>
             if self.config.shared_subscription:
                 topic = f"$share/{SHARED_GROUP}/{topic}"
             await client.subscribe(topic, qos=1)
@@ -200,11 +200,12 @@ class MqttIngress:
     async def _handle(self, client: aiomqtt.Client, message: aiomqtt.Message) -> None:
         """One request: checks, the handlers, the answer. Never raises."""
         try:
-            request_id = mqtt.request_id_of(self.config.prefix, message.topic.value)
-            if request_id is None:
+            found = mqtt.submit_of(self.config.prefix, message.topic.value)
+            if found is None:
                 self.metrics.dropped.labels(reason="bad_topic").inc()  # nowhere to answer
                 return
-            ack = await self._answer(message.payload)
+            user, request_id = found
+            ack = await self._answer(message.payload, user)
             await client.publish(
                 mqtt.ack_topic(self.config.prefix, request_id), ack.SerializeToString(), qos=1
             )
@@ -216,8 +217,10 @@ class MqttIngress:
             log.exception("unexpected failure handling an MQTT request")
             self.metrics.dropped.labels(reason="internal").inc()
 
-    async def _answer(self, payload: object) -> pb.SubmitAck:
-        """The SubmitAck for one payload, as the gRPC servicer would answer it."""
+    async def _answer(self, payload: object, user: str | None = None) -> pb.SubmitAck:
+        """The SubmitAck for one payload, as the gRPC servicer would answer it; the reports count
+        against ``user``'s quota (the broker login the ACL put in the topic; None: one shared
+        source for every device without a login), as a source address does over gRPC."""
         self.metrics.messages.inc()
         if not isinstance(payload, bytes | bytearray):
             return self._refuse(grpc.StatusCode.INVALID_ARGUMENT, "the payload is not a SubmitReportsRequest")
@@ -225,7 +228,9 @@ class MqttIngress:
             message = f"request of {len(payload)} bytes; at most {self.config.max_message_bytes}"
             return self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
-            response = await self._handlers.submit(RawSubmit(bytes(payload)))
+            quota = self._handlers.quota
+            source = quota.user_keys(user) if quota is not None else ()
+            response = await self._handlers.submit(RawSubmit(bytes(payload)), source)
         except RequestRefused as exc:
             return self._refuse(status_code(exc), str(exc))
         except Exception:

@@ -18,14 +18,23 @@ from deniable.core.plumbing import jetstream, service, tracing
 from deniable.core.plumbing.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
 from deniable.core.plumbing.health import Check, HealthMonitor
 from deniable.core.plumbing.tls import ClientTls, ServerTls, check_transport, open_channel
+from deniable.shuffler.admission import DEFAULT_DEVICE_DEADLINE_S, AdmissionInterceptor
 from deniable.shuffler.batcher import MAX_BATCH_BYTES, Batcher
-from deniable.shuffler.campaigns import CampaignDirectory
+from deniable.shuffler.campaigns import DEFAULT_NEGATIVE_TTL_S, CampaignDirectory, Floor
 from deniable.shuffler.forwarder import BatchForwarder, Forwarder, Pipeline, raw_ingest_callable
 from deniable.shuffler.handlers import ShufflerHandlers
 from deniable.shuffler.health import DEFAULT_UPSTREAM_GRACE_S, UpstreamCheck, spool_check
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.shuffler.mqtt import MqttIngress, MqttIngressConfig
-from deniable.shuffler.quota import DEFAULT_QUOTA_PER_SOURCE, DEFAULT_WINDOW_S, SourceQuota
+from deniable.shuffler.quota import (
+    DEFAULT_LOOKUP_BURST,
+    DEFAULT_LOOKUPS_PER_REQUEST,
+    DEFAULT_LOOKUPS_PER_SOURCE_PER_S,
+    DEFAULT_QUOTA_PER_SOURCE,
+    DEFAULT_WINDOW_S,
+    LookupBudget,
+    SourceQuota,
+)
 from deniable.shuffler.rawsubmit import RawSubmitInterceptor
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.servicer import ShufflerServicer
@@ -91,7 +100,25 @@ class ShufflerConfig:
     max_reports_per_request: int = 10_000
     max_message_bytes: int = service.MAX_MESSAGE_BYTES
     max_concurrent_rpcs: int = service.DEFAULT_MAX_CONCURRENT_RPCS
-    """RPCs served at once; more are shed with RESOURCE_EXHAUSTED (health calls included)."""
+    """Device RPCs (GetCampaign, SubmitReports) served at once, counted from when the request has
+    arrived; more are shed with RESOURCE_EXHAUSTED. Every other RPC has a separate budget of the
+    same size; strangers' open streams count against neither (shuffler/admission.py)."""
+    device_deadline_s: float = DEFAULT_DEVICE_DEADLINE_S
+    """A device RPC still running after this is ended with DEADLINE_EXCEEDED (its slot freed)."""
+    min_n_min: int = 1
+    """The shuffler's own floor (ADR 0032): no description with a smaller n_min is accepted; the CLI
+    default is 2 (never a one-device release on a description's say-so). 1: no floor (tests)."""
+    min_batch_target: int = 1
+    """No description whose batch target (at least its n_min) is smaller is accepted."""
+    signing_key: str | None = None
+    """The aggregator's Ed25519 signing public key (hex): descriptions must verify with it; None:
+    not checked (logged at start), so n_min, batch target and ``closed`` come unverified."""
+    negative_ttl_s: float = DEFAULT_NEGATIVE_TTL_S
+    """An id the aggregator called unknown is refused locally, without asking again, this long."""
+    lookups_per_request: int = DEFAULT_LOOKUPS_PER_REQUEST
+    """Upstream campaign look-ups one request may cause; further unknown ids are rejected."""
+    lookups_per_source_per_s: float = DEFAULT_LOOKUPS_PER_SOURCE_PER_S
+    lookup_burst: int = DEFAULT_LOOKUP_BURST
     metrics_port: int | None = None
     tracer_provider: Any = None
     """An opentelemetry TracerProvider (core/plumbing/tracing.py): a root span per RPC; None: no tracing."""
@@ -327,6 +354,24 @@ def check_config(config: ShufflerConfig) -> None:
     check_transport(config.tls, config.insecure, "shuffler")
     if config.quota_per_source < 0 or not config.quota_window_s > 0:
         raise ConfigurationError("the quota must be >= 0 reports (0: no limit) over a window > 0 s")
+    check_floor(config)
+
+
+def check_floor(config: ShufflerConfig) -> None:
+    """ConfigurationError (one line) for an unusable floor, budget or signing key."""
+    if config.min_n_min < 1 or config.min_batch_target < 1:
+        raise ConfigurationError("--min-n-min and --min-batch-target must be at least 1")
+    if config.max_concurrent_rpcs < 1 or not config.device_deadline_s > 0:
+        raise ConfigurationError("max_concurrent_rpcs must be >= 1 and the device deadline > 0 s")
+    if config.lookups_per_request < 1 or not config.lookups_per_source_per_s > 0:
+        raise ConfigurationError("look-ups per request must be >= 1 and per source per second > 0")
+    if config.signing_key is not None:
+        try:
+            bytes.fromhex(config.signing_key.strip())
+        except ValueError:
+            raise ConfigurationError("--aggregator-signing-key must be hex") from None
+        if len(bytes.fromhex(config.signing_key.strip())) != 32:
+            raise ConfigurationError("--aggregator-signing-key must be 32 bytes (64 hex digits)")
 
 
 async def _open_parts(config: ShufflerConfig, upstream_tls: ClientTls | None) -> _Parts:
@@ -355,16 +400,32 @@ async def _open_parts(config: ShufflerConfig, upstream_tls: ClientTls | None) ->
     return _Parts(lock, leftovers, store, metrics, channel, _new_server(config, metrics))
 
 
+DEVICE_METHODS: Final = frozenset({f"/{SERVICE_NAME}/GetCampaign", f"/{SERVICE_NAME}/SubmitReports"})
+
+
+def admission(config: ShufflerConfig, metrics: ShufflerMetrics) -> tuple[list[Any], int | None]:
+    """(admission interceptors, gRPC's own concurrency cap): device budget, deadline, Check-only
+    health for strangers, and no gRPC-level cap that strangers' streams could fill."""
+    interceptor = AdmissionInterceptor(
+        DEVICE_METHODS,
+        config.max_concurrent_rpcs,
+        device_deadline_s=config.device_deadline_s,
+        on_shed=lambda rpc, code: metrics.device_rpcs_shed.labels(rpc=rpc, code=code).inc(),
+    )
+    return [interceptor], None
+
+
 def _new_server(config: ShufflerConfig, metrics: ShufflerMetrics) -> grpc.aio.Server:
-    """The gRPC server with the access policy, raw SubmitReports, limits and tracing."""
+    """The gRPC server with admission budgets, the access policy, raw SubmitReports, limits, tracing."""
     guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
+    admitted, cap = admission(config, metrics)
     return service.new_server(
         config.max_message_bytes,
-        interceptors=[guard, RawSubmitInterceptor()],
+        interceptors=[*admitted, guard, RawSubmitInterceptor()],
         on_malformed=lambda rpc: metrics.requests_failed.labels(rpc=rpc, code="INVALID_ARGUMENT").inc(),
         record_request=metrics.observe_request,
         tracer_provider=config.tracer_provider,
-        max_concurrent_rpcs=config.max_concurrent_rpcs,
+        max_concurrent_rpcs=cap,
     )
 
 
@@ -377,6 +438,9 @@ async def _wire_service(config: ShufflerConfig, parts: _Parts) -> _Serving:
         deadline_s=config.upstream_deadline_s,
         refresh_interval_s=config.campaign_refresh_s,
         ttl_s=config.campaign_ttl_s,
+        floor=Floor(config.min_n_min, config.min_batch_target, config.signing_key),
+        negative_ttl_s=config.negative_ttl_s,
+        on_refused=lambda reason: parts.metrics.descriptions_refused.labels(reason=reason).inc(),
     )
     batcher = Batcher(
         parts.store,
@@ -395,6 +459,9 @@ async def _wire_service(config: ShufflerConfig, parts: _Parts) -> _Serving:
         parts.metrics,
         max_reports_per_request=config.max_reports_per_request,
         quota=SourceQuota(config.quota_per_source, config.quota_window_s),
+        lookups=LookupBudget(
+            config.lookups_per_request, config.lookups_per_source_per_s, config.lookup_burst
+        ),
     )
     deniable_pb2_grpc.add_ShufflerServicer_to_server(ShufflerServicer(handlers, parts.metrics), parts.server)
     health, monitor = await _health(config, parts, handlers)
@@ -485,6 +552,12 @@ def _log_listening(config: ShufflerConfig, address: str, operator_address: str |
     """The start-up log line: where, with what transport security, from which configuration."""
     if config.insecure:
         warn_open("the shuffler")
+    if config.signing_key is None:
+        log.warning(
+            "no aggregator signing key configured: campaign descriptions (n_min, batch target,"
+            " closed) are taken unverified; only this shuffler's floor (n_min >= %d) holds",
+            config.min_n_min,
+        )
     tls = "TLS, operators mutual TLS" if config.tls else "plaintext (insecure)"
     log.info(
         "shuffler listening on %s (%s; operator port %s; config: %s)",

@@ -46,8 +46,12 @@ class ShufflerServicer(deniable_pb2_grpc.ShufflerServicer):
         return await self._call("SubmitReports", context, self._handlers.submit(request, source))
 
     async def GetCampaign(self, request: pb.GetCampaignRequest, context: Context) -> pb.Campaign:
-        """Relay one campaign."""
-        return await self._call("GetCampaign", context, self._handlers.get_campaign(request.campaign_id))
+        """Relay one campaign (its upstream look-up within the caller's look-up budget)."""
+        quota = self._handlers.quota
+        source = quota.keys(context) if quota is not None else ()
+        return await self._call(
+            "GetCampaign", context, self._handlers.get_campaign(request.campaign_id, source)
+        )
 
     async def ListCampaigns(
         self, request: pb.ListCampaignsRequest, context: Context

@@ -4,7 +4,10 @@ Devices that live on a broker take part over MQTT beside gRPC (docs/mqtt.md, ADR
 
 - ``<prefix>/campaigns/<campaign id>``: retained, QoS 1, a serialized ``Campaign``, published by
   the shuffler as it relays the aggregator's campaign descriptions;
-- ``<prefix>/submit/<request id>``: QoS 1, a serialized ``SubmitReportsRequest`` from a device;
+- ``<prefix>/submit/<user>/<request id>``: QoS 1, a serialized ``SubmitReportsRequest`` from a
+  device logged in as ``<user>`` (the broker's ACL pattern ``%u`` makes the user level true, so
+  the shuffler's per-user quota counts it; ADR 0032); ``<prefix>/submit/<request id>`` from a
+  device without a login, counted as one shared source;
 - ``<prefix>/ack/<request id>``: QoS 1, the shuffler's ``SubmitAck`` once the accepted reports
   are durably spooled. The broker's PUBACK only says the broker has the message; the device
   keeps its reports in the outbox until this answer arrives.
@@ -30,6 +33,7 @@ SOCKET_OPTIONS: Final = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 answer after its PUBACK) waits for the broker's delayed ACK, ≈ 40 ms, measured."""
 DEFAULT_PORT: Final = 1883
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
+_USER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 _PREFIX = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 
 
@@ -55,9 +59,27 @@ def campaign_topic(prefix: str, campaign_id: str) -> str:
     return f"{prefix}/campaigns/{campaign_id}"
 
 
-def submit_topic(prefix: str, request_id: str) -> str:
-    """Where a device publishes one SubmitReportsRequest."""
+def valid_user(user: str) -> bool:
+    """True for a broker login that can be one topic level: 1..64 of letters, digits, ``_.@-``."""
+    return _USER.fullmatch(user) is not None
+
+
+def submit_topic(prefix: str, request_id: str, user: str | None = None) -> str:
+    """Where a device publishes one SubmitReportsRequest (under its login when it has one)."""
+    if user is not None and valid_user(user):
+        return f"{prefix}/submit/{user}/{request_id}"
     return f"{prefix}/submit/{request_id}"
+
+
+def submit_of(prefix: str, topic: str) -> tuple[str | None, str] | None:
+    """(user or None, request id) of a submit topic, or None if the topic is not one."""
+    head = f"{prefix}/submit/"
+    if not topic.startswith(head):
+        return None
+    user, _, request_id = topic[len(head) :].rpartition("/")
+    if not valid_request_id(request_id) or (user and not valid_user(user)):
+        return None
+    return (user or None), request_id
 
 
 def ack_topic(prefix: str, request_id: str) -> str:
@@ -67,11 +89,8 @@ def ack_topic(prefix: str, request_id: str) -> str:
 
 def request_id_of(prefix: str, topic: str) -> str | None:
     """The request id of a submit topic, or None if the topic is not one."""
-    head = f"{prefix}/submit/"
-    if not topic.startswith(head):
-        return None
-    request_id = topic[len(head) :]
-    return request_id if valid_request_id(request_id) else None
+    found = submit_of(prefix, topic)
+    return None if found is None else found[1]
 
 
 @dataclass(frozen=True)

@@ -46,12 +46,14 @@ def new_server(
     on_malformed: Callable[[str], None] | None = None,
     record_request: Callable[[str, str, float], None] | None = None,
     tracer_provider: Any = None,
-    max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS,
+    max_concurrent_rpcs: int | None = DEFAULT_MAX_CONCURRENT_RPCS,
 ) -> grpc.aio.Server:
     """A grpc.aio server with explicit size limits (larger requests get RESOURCE_EXHAUSTED), one
     port per server (SO_REUSEPORT off), bounded concurrency, malformed requests INVALID_ARGUMENT;
     ``record_request(rpc, code, seconds)`` sees every call, refused ones included; so does a
-    root span per call if ``tracer_provider`` is given (core/plumbing/tracing.py)."""
+    root span per call if ``tracer_provider`` is given (core/plumbing/tracing.py). gRPC's
+    ``max_concurrent_rpcs`` counts every open stream, a stranger's too: None leaves admission to
+    an interceptor with budgets of its own (the shuffler's device port, shuffler/admission.py)."""
     outer: list[grpc.aio.ServerInterceptor] = []
     if tracer_provider is not None:
         from deniable.core.plumbing.tracing import TracingInterceptor

@@ -151,9 +151,10 @@ def test_healthcheck_and_cmd_parse_with_the_cli(dp: ModuleType, service: str) ->
     args = parses(argv[1:])
     assert args.tls_ca is not None and not args.insecure
     served = parses(eval(cmd.group(1)))
-    assert args.address == f"127.0.0.1:{served.listen.rsplit(':', 1)[1]}"
-    if service == "aggregator":  # mutual TLS port: the check needs a client certificate
-        assert args.tls_cert is not None and args.tls_key is not None
+    # The shuffler is probed on its operator port (ADR 0032): strangers on the device port cannot fail it.
+    probed = served.operator_listen if service == "shuffler" else served.listen
+    assert args.address == f"127.0.0.1:{probed.rsplit(':', 1)[1]}"
+    assert args.tls_cert is not None and args.tls_key is not None  # mutual TLS ports
 
 
 # --- Kubernetes ----------------------------------------------------------------------------------

@@ -16,19 +16,27 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
+import grpc
 import pytest
 from support.stack import start_insecure_pair
 
 from deniable.client import Outbox, Reporter
 from deniable.client.mqtt import MqttTransport
-from deniable.core.plumbing.mqtt import DEFAULT_PREFIX, BrokerAddress, campaign_topic
+from deniable.core.plumbing.mqtt import (
+    DEFAULT_PREFIX,
+    BrokerAddress,
+    ack_topic,
+    campaign_topic,
+    new_request_id,
+    submit_topic,
+)
 from deniable.core.plumbing.service import insecure_channel
 from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-PASSWORDS = {"shuffler": "shuffler-secret", "device": "device-secret"}
+PASSWORDS = {"shuffler": "shuffler-secret", "device": "device-secret", "alice": "a-secret", "bob": "b-secret"}
 
 
 def _shipped_config(port: int, passwords: Path) -> str:
@@ -143,6 +151,56 @@ async def test_devices_behind_the_shipped_broker_get_verified_campaigns(
     finally:
         outbox.close()
         await device.close()
+        await channel.close()
+        await shuffler.stop()
+        await aggregator.stop()
+
+
+async def _submit_as(
+    broker: BrokerAddress, user: str, body: bytes, topic_user: str | None = None
+) -> int | None:
+    """Publish one request as ``user`` (under ``topic_user``'s level if given); the SubmitAck's
+    status code, or None if no answer came (the broker's ACL dropped the publish)."""
+    request_id = new_request_id()
+    async with _client(_as(broker, user)) as client:
+        await client.subscribe(ack_topic(DEFAULT_PREFIX, request_id), qos=1)
+        await client.publish(submit_topic(DEFAULT_PREFIX, request_id, topic_user or user), body, qos=1)
+        try:
+            async with asyncio.timeout(3):
+                async for message in client.messages:
+                    assert isinstance(message.payload, bytes)
+                    return pb.SubmitAck.FromString(message.payload).status_code
+        except TimeoutError:
+            return None
+    return None
+
+
+async def test_mqtt_ingress_quota_is_per_device_login(shipped_broker: BrokerAddress, tmp_path: Path) -> None:
+    """Quota 3 per source: alice's 4th report is refused (RESOURCE_EXHAUSTED, nothing spooled),
+    bob is still served, and alice cannot spend bob's quota: the ACL drops her publish under his
+    login. Same semantics as the gRPC per-source quota (ADR 0032)."""
+    ingress = MqttIngressConfig(broker=_as(shipped_broker, "shuffler"))
+    aggregator, shuffler = await start_insecure_pair(tmp_path, mqtt=ingress, quota_per_source=3)
+    channel = insecure_channel(aggregator.address)
+    try:
+        request = pb.CreateCampaignRequest(id="q", question="q", kind=pb.BINARY, epsilon0=1.0, n_min=100)
+        campaign = await pb_grpc.AggregatorStub(channel).CreateCampaign(request, timeout=30)
+        assert shuffler.mqtt is not None
+        await asyncio.wait_for(shuffler.mqtt.connected.wait(), 30)
+
+        def body(count: int) -> bytes:
+            report = pb.EncryptedReport(
+                campaign_id="q", key_id=campaign.key_id, ciphertext=bytes(campaign.ciphertext_length)
+            )
+            return pb.SubmitReportsRequest(reports=[report] * count).SerializeToString()
+
+        ok, exhausted = grpc.StatusCode.OK.value[0], grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert await _submit_as(shipped_broker, "alice", body(3)) == ok
+        assert await _submit_as(shipped_broker, "alice", body(1)) == exhausted
+        assert await _submit_as(shipped_broker, "alice", body(1), topic_user="bob") is None
+        assert await _submit_as(shipped_broker, "bob", body(3)) == ok
+        assert shuffler.handlers.store.pending_count("q") == 6
+    finally:
         await channel.close()
         await shuffler.stop()
         await aggregator.stop()
