@@ -10,7 +10,7 @@ from deniable.core.plumbing.certs import CLIENT_CAS, DEV_ROLES, ROLE_URI_PREFIX,
 from deniable.core.plumbing.tls import PARTY_OF
 
 HOLDERS = {
-    "aggregator": "the aggregator service (serves; server auth only)",
+    "aggregator": "the aggregator service (serves; a client only of its own health port and NATS)",
     "aggregator-operator": "the aggregator's operators (client auth only); never the shuffler's party",
     "shuffler": "the shuffler service (serves devices; client of the aggregator)",
     "shuffler-operator": "the shuffler's operators and its preStop drain (client auth only)",

@@ -2,7 +2,7 @@
 
 The shuffler's CA (``shuffler-ca.pem``) issues ``shuffler`` (server and client auth) and
 ``shuffler-operator`` (client auth only); the aggregator's CA (``aggregator-ca.pem``) issues
-``aggregator`` (server auth only) and ``aggregator-operator`` (client auth only); the device CA
+``aggregator`` (server auth; client auth only for its own readiness probe and NATS consumer) and ``aggregator-operator`` (client auth only); the device CA
 (``device-ca.pem``, on request) issues ``device`` (client auth only). A client trusts only its
 peer party's CA, so it reaches nothing but that party's serving role (ADR 0030).
 
@@ -56,13 +56,14 @@ SERVING_ROLES: Final = ("aggregator", "shuffler")
 """Roles whose certificates serve TLS (and so name hosts)."""
 USAGES: Final = {
     "shuffler": (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
-    "aggregator": (ExtendedKeyUsageOID.SERVER_AUTH,),
+    "aggregator": (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
     "shuffler-operator": (ExtendedKeyUsageOID.CLIENT_AUTH,),
     "aggregator-operator": (ExtendedKeyUsageOID.CLIENT_AUTH,),
     "device": (ExtendedKeyUsageOID.CLIENT_AUTH,),
 }
 """Each role's extended key usages: only the serving roles may serve; the shuffler is also the
-aggregator's client."""
+aggregator's client, the aggregator a client of its own health port and of NATS (its role is
+allowed nothing else anywhere, and no shuffler port trusts the aggregator's CA)."""
 CLIENT_CAS: Final = {"aggregator": ("aggregator", "shuffler"), "shuffler": ("shuffler", "device")}
 """Whose CAs each service accepts client certificates from (its ``--tls-ca`` bundle)."""
 DEFAULT_HOSTS: Final = ("localhost", "127.0.0.1", "::1")
