@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from deniable.cli.options import Subparsers
-from deniable.core.plumbing.certs import CLIENT_CAS, DEV_ROLES, ROLE_URI_PREFIX, write_dev_certs
+from deniable.core.plumbing.certs import CLIENT_CAS, DEV_ROLES, MQTT_BROKER, ROLE_URI_PREFIX, write_dev_certs
 from deniable.core.plumbing.tls import PARTY_OF
 
 HOLDERS = {
@@ -38,6 +38,14 @@ def register(sub: Subparsers) -> None:
             " localhost, 127.0.0.1 and ::1 always are)",
         )
     dev.add_argument(
+        "--mqtt-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also write mqtt-broker.pem/.key, the MQTT broker's server certificate from the"
+        " shuffler's CA, valid for NAME (repeatable)",
+    )
+    dev.add_argument(
         "--device",
         action="store_true",
         help="also write a device CA and certificate (device-ca.pem, device.pem/.key)",
@@ -49,7 +57,7 @@ def dev_certs(args: argparse.Namespace) -> int:
     """Write the certificates and say who holds each."""
     roles = (*DEV_ROLES, "device") if args.device else DEV_ROLES
     hosts = {"shuffler": args.shuffler_host, "aggregator": args.aggregator_host}
-    out = write_dev_certs(args.out, hosts=hosts, roles=roles)
+    out = write_dev_certs(args.out, hosts=hosts, roles=roles, mqtt_hosts=args.mqtt_host)
     for party in sorted({PARTY_OF[role] for role in roles}):
         print(f"wrote {out.ca(party)} (the {party} party's CA; its private key was not kept)")
     for service, parties in CLIENT_CAS.items():
@@ -58,5 +66,9 @@ def dev_certs(args: argparse.Namespace) -> int:
         print(
             f"wrote {out.cert(role)} and {out.key(role)} (0600): role {ROLE_URI_PREFIX}{role},"
             f" for {HOLDERS[role]}"
+        )
+    if args.mqtt_host:
+        print(
+            f"wrote {out.cert(MQTT_BROKER)} and {out.key(MQTT_BROKER)} (0600): the MQTT broker's TLS listener"
         )
     return 0

@@ -2,7 +2,8 @@
 
 The shuffler's CA (``shuffler-ca.pem``) issues ``shuffler`` (server and client auth) and
 ``shuffler-operator`` (client auth only); the aggregator's CA (``aggregator-ca.pem``) issues
-``aggregator`` (server auth; client auth only for its own readiness probe and NATS consumer) and ``aggregator-operator`` (client auth only); the device CA
+``aggregator`` (server auth; client auth for its own readiness probe and NATS consumer) and
+``aggregator-operator`` (client auth only); the device CA
 (``device-ca.pem``, on request) issues ``device`` (client auth only). A client trusts only its
 peer party's CA, so it reaches nothing but that party's serving role (ADR 0030).
 
@@ -54,12 +55,16 @@ DEV_ROLES: Final = ("aggregator", "aggregator-operator", "shuffler", "shuffler-o
 """The certificates ``deniable certs dev`` writes (a device certificate only on request)."""
 SERVING_ROLES: Final = ("aggregator", "shuffler")
 """Roles whose certificates serve TLS (and so name hosts)."""
+MQTT_BROKER: Final = "mqtt-broker"
+"""The shuffler party's MQTT broker: a server certificate from the shuffler's CA (devices trust
+only that CA) naming only the broker's hosts; no service accepts it as a role."""
 USAGES: Final = {
     "shuffler": (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
     "aggregator": (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
     "shuffler-operator": (ExtendedKeyUsageOID.CLIENT_AUTH,),
     "aggregator-operator": (ExtendedKeyUsageOID.CLIENT_AUTH,),
     "device": (ExtendedKeyUsageOID.CLIENT_AUTH,),
+    MQTT_BROKER: (ExtendedKeyUsageOID.SERVER_AUTH,),
 }
 """Each role's extended key usages: only the serving roles may serve; the shuffler is also the
 aggregator's client, the aggregator a client of its own health port and of NATS (its role is
@@ -184,7 +189,7 @@ def issue(
     Unknown roles (client auth) and other ``usages`` are accepted here only so that tests can mint
     the removed ``operator`` role and the old every-usage layout; ``write_dev_certs`` never does.
     """
-    if role not in ROLES and role != "operator":
+    if role not in ROLES and role not in ("operator", MQTT_BROKER):
         raise ConfigurationError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
@@ -210,13 +215,16 @@ def write_dev_certs(
     directory: Path,
     hosts: Mapping[str, Sequence[str]] | None = None,
     roles: Sequence[str] = DEV_ROLES,
+    mqtt_hosts: Sequence[str] = (),
 ) -> DevCerts:
     """Write each party's CA, each service's client-CA bundle and ``<role>.pem``/``<role>.key``
     (0600) for each role into ``directory``.
 
     A serving certificate (``aggregator``, ``shuffler``) names localhost, 127.0.0.1 and ::1 plus
-    ``hosts[role]``; the others name no host (they never serve). The CAs' private keys are not
-    kept: nothing more can be issued under them, so a stolen directory mints no new roles.
+    ``hosts[role]``; the others name no host (they never serve). With ``mqtt_hosts`` also
+    ``mqtt-broker.pem``/``.key``: the broker's server certificate from the shuffler's CA. The CAs'
+    private keys are not kept: nothing more can be issued under them, so a stolen directory mints
+    no new roles.
     """
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -238,4 +246,8 @@ def write_dev_certs(
         key, cert = issue(ca_key, ca_cert, role, list(dict.fromkeys(named)))
         out.cert(role).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_private(out.key(role), _key_pem(key))
+    if mqtt_hosts:
+        key, cert = issue(*cas["shuffler"], MQTT_BROKER, list(dict.fromkeys(mqtt_hosts)))
+        out.cert(MQTT_BROKER).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_private(out.key(MQTT_BROKER), _key_pem(key))
     return out
