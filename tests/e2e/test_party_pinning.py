@@ -87,7 +87,7 @@ async def serve_as() -> AsyncIterator[Callable[[DevCerts, str], object]]:
         servers.append(server)
         return f"localhost:{port}"
 
-    yield start  # type: ignore[misc]
+    yield start
     for server in servers:
         await server.stop(0)
 
