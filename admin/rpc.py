@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.tls import ClientTls, Plaintext, Transport
 
+log = logging.getLogger("deniable.admin")
 T = TypeVar("T")
 Service = Literal["aggregator", "shuffler"]
 
@@ -28,6 +30,8 @@ async def call(
     plaintext = insecure or isinstance(tls, Plaintext)
     if tls is None and not plaintext:
         raise ConfigurationError("no TLS configuration for the call: give --tls-ca (or --insecure by name)")
+    if plaintext:
+        log.warning("INSECURE: plaintext call to %s (asked for by name; tests only)", address)
     channel = open_channel(address, tls if isinstance(tls, ClientTls) else None, insecure=plaintext)
     try:
         stub: Any = (

@@ -459,6 +459,7 @@ def _log_listening(config: ShufflerConfig, address: str, operator_address: str |
     """The start-up log line: where, with what transport security, from which configuration."""
     if config.insecure:
         warn_open("the shuffler")
+        log.warning("INSECURE: plaintext channel to the aggregator at %s (--insecure)", config.upstream)
     tls = "TLS, operators mutual TLS" if config.tls else "plaintext (insecure)"
     log.info(
         "shuffler listening on %s (%s; operator port %s; config: %s)",

@@ -185,7 +185,6 @@ def open_channel(address: str, tls: ClientTls | None = None, *, insecure: bool =
     if insecure:
         if tls is not None:
             raise ConfigurationError("choose TLS or insecure, not both")
-        log.warning("INSECURE: plaintext gRPC channel to %s (asked for by name; tests only)", address)
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
     return grpc.aio.secure_channel(address, (tls or ClientTls()).credentials(), options=CHANNEL_OPTIONS)
 
