@@ -7,12 +7,15 @@ Imported only when used (``deniable.client.GrpcTransport``), so a device on the 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Final
 
 from deniable.client.transport import GRPC_HINT, RETRYABLE_STATUS, TransportError
 from deniable.core.plumbing.tls import ClientTls, open_channel
 from deniable.v1 import deniable_pb2 as pb
+
+log = logging.getLogger("deniable.client")
 
 try:
     import grpc
@@ -51,6 +54,8 @@ class GrpcTransport:
             raise ValueError("timeout_s must be positive")
         if insecure and tls is not None:
             raise ValueError("choose tls or insecure, not both")
+        if insecure:
+            log.warning("INSECURE: plaintext gRPC to the shuffler at %s (asked for by name)", address)
         self.address = address
         self.timeout_s = timeout_s
         self.tls = tls

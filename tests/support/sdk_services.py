@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from deniable.core.plumbing.certs import DEV_ROLES, write_dev_certs
-from deniable.core.plumbing.tls import ClientTls, open_channel
+from deniable.core.plumbing.tls import open_channel
 from deniable.shuffler import RunningShuffler
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
@@ -66,11 +66,11 @@ async def running_services(
     workdir: Path, requests: Sequence[pb.CreateCampaignRequest], **shuffler_options: Any
 ) -> AsyncIterator[Services]:
     """Start an aggregator and a shuffler (TLS on loopback, development certificates in
-    ``workdir/certs``: devices verify the shuffler with ``certs/ca.pem``), create ``requests``.
+    ``workdir/certs``: devices verify the shuffler with ``certs/shuffler-ca.pem``), create ``requests``.
     ``shuffler_options`` are ``ShufflerConfig`` fields (``https=HttpsConfig(...)``)."""
     certs = write_dev_certs(workdir / "certs", roles=DEV_ROLES)
     async with tls_pair(workdir, certs, **shuffler_options) as (aggregator, shuffler):
-        operator_tls = ClientTls(certs.ca, certs.cert("operator"), certs.key("operator"))
+        operator_tls = certs.client_tls("aggregator", "aggregator-operator")
         channel = open_channel(aggregator.address, operator_tls)
         operator = pb_grpc.AggregatorStub(channel)
         created = [await operator.CreateCampaign(request, timeout=120) for request in requests]
