@@ -1,5 +1,5 @@
 // README.md's snippets run as written (Node: with SHUFFLER_URL / AGGREGATOR_KEY in the environment and
-// certs/ca.pem in its working directory; browser: the two documented placeholders replaced), and
+// certs/shuffler-ca.pem in its working directory; browser: the two documented placeholders replaced), and
 // examples/send.mjs, all against the real services; every report must be counted.
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";

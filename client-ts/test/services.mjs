@@ -1,6 +1,6 @@
 // Starts the real Python services for the Node and browser tests: `deniable certs dev`, an aggregator
 // and a shuffler (TLS everywhere, the shuffler's HTTPS device endpoint on a free port), campaigns
-// created with the operator certificate. Finds `deniable` in $DENIABLE_BIN, ../.venv/bin, or PATH.
+// created with the aggregator-operator certificate. Finds `deniable` in $DENIABLE_BIN, ../.venv/bin, or PATH.
 import { execFile, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
@@ -72,7 +72,8 @@ export async function startServices({ campaigns, corsOrigins = [] }) {
   const dir = mkdtempSync(join(tmpdir(), "deniable-ts-"));
   const certs = join(dir, "certs");
   await run(bin, ["certs", "dev", "--out", certs]);
-  const tls = (role) => ["--tls-cert", join(certs, `${role}.pem`), "--tls-key", join(certs, `${role}.key`), "--tls-ca", join(certs, "ca.pem")];
+  // One CA per party (ADR 0030): each caller trusts only its peer's CA; servers verify callers with a bundle.
+  const tls = (role, ca) => ["--tls-cert", join(certs, `${role}.pem`), "--tls-key", join(certs, `${role}.key`), "--tls-ca", join(certs, ca)];
   const [aggregatorPort, shufflerPort, operatorPort] = [await freePort(), await freePort(), await freePort()];
   const aggregator = `127.0.0.1:${aggregatorPort}`;
   const children = [];
@@ -87,15 +88,16 @@ export async function startServices({ campaigns, corsOrigins = [] }) {
     rmSync(dir, { recursive: true, force: true });
   };
   try {
-    const agg = spawnService(["aggregator", "serve", "--data-dir", join(dir, "agg"), "--listen", aggregator, ...tls("aggregator")]);
+    const agg = spawnService(["aggregator", "serve", "--data-dir", join(dir, "agg"), "--listen", aggregator, ...tls("aggregator", "aggregator-clients-ca.pem")]);
     await waitForLine(agg, /(serving|listening)[^\n]*?(\d+\.\d+\.\d+\.\d+:\d+)/, "aggregator");
     const shuffler = spawnService([
       "shuffler", "serve", "--data-dir", join(dir, "shuf"), "--listen", `127.0.0.1:${shufflerPort}`,
       "--operator-listen", `127.0.0.1:${operatorPort}`, "--upstream", aggregator, "--quota-per-source", "0",
-      "--https-listen", "127.0.0.1:0", ...corsOrigins.flatMap((o) => ["--https-cors-origin", o]), ...tls("shuffler"),
+      "--https-listen", "127.0.0.1:0", ...corsOrigins.flatMap((o) => ["--https-cors-origin", o]), ...tls("shuffler", "shuffler-clients-ca.pem"),
+      "--upstream-ca", join(certs, "aggregator-ca.pem"),
     ]);
     const https = await waitForLine(shuffler, /serving devices over HTTPS on (\S+?:\d+)/, "shuffler");
-    const op = ["--aggregator", aggregator, ...tls("operator")];
+    const op = ["--aggregator", aggregator, ...tls("aggregator-operator", "aggregator-ca.pem")];
     for (const c of campaigns) {
       const labels = c.labels ? ["--labels", c.labels.join(",")] : [];
       const mechanism = c.mechanism ? ["--mechanism", c.mechanism] : [];
@@ -104,12 +106,12 @@ export async function startServices({ campaigns, corsOrigins = [] }) {
     }
     const keys = JSON.parse((await run(bin, ["keys", "show", ...op, "--json"])).stdout);
     return {
-      dir, bin, certs, ca: join(certs, "ca.pem"), caPem: readFileSync(join(certs, "ca.pem"), "utf8"),
+      dir, bin, certs, ca: join(certs, "shuffler-ca.pem"), caPem: readFileSync(join(certs, "shuffler-ca.pem"), "utf8"),
       shufflerCert: join(certs, "shuffler.pem"), url: `https://${https}`, https,
       aggregatorKey: keys.signing_public_key, stop,
       /** Forward everything the shuffler holds, then the aggregator's JSON answer for `id` once it counted `expected`. */
       async counted(id, kind, expected, timeoutMs = 60000) {
-        const opShuffler = ["--shuffler", `127.0.0.1:${operatorPort}`, ...tls("operator")];
+        const opShuffler = ["--shuffler", `127.0.0.1:${operatorPort}`, ...tls("shuffler-operator", "shuffler-ca.pem")];
         await run(bin, ["shuffler", "flush", ...opShuffler]);
         const deadline = Date.now() + timeoutMs;
         for (;;) {
