@@ -19,7 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.containers import HEALTHCHECKED, SERVICES, Stack, docker, image, send_reports, unavailable
+from support.containers import (
+    HEALTHCHECKED,
+    SERVICES,
+    Stack,
+    device_transport,
+    docker,
+    image,
+    send_reports,
+    unavailable,
+)
 
 pytestmark = [pytest.mark.containers]
 PROJECT = "deniabletest"
@@ -134,18 +143,28 @@ class Devices(threading.Thread):
             self.error = exc
 
     async def _drive(self) -> None:
-        deadline = None
-        while True:
-            if self.stopping.is_set() and deadline is None:
-                deadline = time.monotonic() + 240.0
-            chunk = 0 if self.stopping.is_set() else self.chunk
-            self.recorded += chunk
-            self.acknowledged += await send_reports(
-                self.stack, self.campaign, self.key, self.outbox, chunk, give_up_s=30.0
-            )
-            if self.stopping.is_set() and (self.acknowledged >= self.recorded or time.monotonic() > deadline):  # type: ignore[operator]
-                return
-            await asyncio.sleep(self.pause)
+        from deniable.client.outbox import Outbox
+        from deniable.client.reporter import Reporter
+        from deniable.client.transport import TransportError
+
+        transport = device_transport(self.stack)
+        with Outbox(self.outbox) as box:
+            reporter = await Reporter.fetch(self.campaign, transport, box, aggregator_key=self.key)
+            deadline = float("inf")
+            while box.count(self.campaign) or not self.stopping.is_set():
+                if self.stopping.is_set():
+                    deadline = min(deadline, time.monotonic() + 240.0)
+                    assert time.monotonic() < deadline, "reports still queued 240 s after the last kill"
+                else:
+                    self.recorded += reporter.record_many([i % 2 for i in range(self.chunk)])
+                try:
+                    result = await reporter.send_pending(batch_size=50, max_attempts=3, max_delay_s=1.0)
+                except TransportError:
+                    await asyncio.sleep(0.5)
+                    continue
+                self.acknowledged += result.acknowledged
+                assert result.rejected == 0, result
+                await asyncio.sleep(self.pause)
 
 
 def kill_and_time(stack: Stack, service: str) -> float:
@@ -160,6 +179,7 @@ def kill_and_time(stack: Stack, service: str) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.timeout(1800)
 def test_killing_services_under_load_loses_and_duplicates_nothing(stack: Stack, tmp_path: Path) -> None:
     """Item 4, short version: each of shuffler, aggregator and PostgreSQL killed KILLS times at random
     moments while devices send; every acknowledged report counted exactly once. The longer run:
@@ -174,6 +194,8 @@ def test_killing_services_under_load_loses_and_duplicates_nothing(stack: Stack, 
     for service in order:
         time.sleep(random.uniform(1.0, 6.0))
         healthy_after[service].append(kill_and_time(stack, service))
+        print(f"killed {service}: healthy after {healthy_after[service][-1]:.1f} s; "
+              f"recorded {devices.recorded}, acknowledged {devices.acknowledged}", flush=True)  # fmt: skip
     devices.stopping.set()
     devices.join(timeout=300)
     assert devices.error is None and not devices.is_alive(), devices.error

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -168,6 +169,7 @@ class Stack:
         self.deniable(
             "campaign", "create", "--aggregator=127.0.0.1:7700", "--id", campaign, "--question", "On?",
             "--kind", "binary", "--epsilon0", "1", "--n-min", "1", "--batch-target", str(batch_target),
+            "--quota-per-source", "10000000",  # every simulated device comes from the host's one address
         )  # fmt: skip
         keys = json.loads(self.deniable("keys", "show", "--aggregator=127.0.0.1:7700", "--json").stdout)
         return str(keys["signing_public_key"])
@@ -179,6 +181,15 @@ class Stack:
         return int(json.loads(answer.stdout)["n"])
 
 
+def device_transport(stack: Stack) -> Any:
+    """A device's transport: the published device port, TLS verified with the dev CA."""
+    from deniable.client.transport import GrpcTransport
+    from deniable.core.plumbing.tls import ClientTls
+
+    ca = stack.directory / "certs" / "operator" / "ca.pem"
+    return GrpcTransport("127.0.0.1:7701", timeout_s=5.0, tls=ClientTls(ca=ca))
+
+
 async def send_reports(
     stack: Stack, campaign: str, key: str, outbox: Path, reports: int, give_up_s: float
 ) -> int:
@@ -186,11 +197,9 @@ async def send_reports(
     acknowledged (retrying through restarts) or ``give_up_s`` passes; the number acknowledged."""
     from deniable.client.outbox import Outbox
     from deniable.client.reporter import Reporter
-    from deniable.client.transport import GrpcTransport, TransportError
-    from deniable.core.plumbing.tls import ClientTls
+    from deniable.client.transport import TransportError
 
-    ca = stack.directory / "certs" / "operator" / "ca.pem"
-    transport = GrpcTransport("127.0.0.1:7701", timeout_s=5.0, tls=ClientTls(ca=ca))
+    transport = device_transport(stack)
     deadline = time.monotonic() + give_up_s
     with Outbox(outbox) as box:
         reporter = await Reporter.fetch(
