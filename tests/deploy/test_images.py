@@ -129,7 +129,7 @@ def test_services_run_under_the_manifests_restrictions(secrets: Path) -> None:
                            "/var/lib/deniable/aggregator", "-e", "DENIABLE_KEY_GROUP=10001"))  # fmt: skip
         tls = "/etc/deniable/tls"
         mutual = [
-            f"--tls-ca={tls}/ca.pem",
+            f"--tls-ca={tls}/aggregator-ca.pem",
             f"--tls-cert={tls}/aggregator.pem",
             f"--tls-key={tls}/aggregator.key",
         ]
@@ -140,7 +140,8 @@ def test_services_run_under_the_manifests_restrictions(secrets: Path) -> None:
             )
         )
         assert (
-            health(f"{network}-shuffler", "--address=127.0.0.1:7701", f"--tls-ca={tls}/ca.pem") == "SERVING"
+            health(f"{network}-shuffler", "--address=127.0.0.1:7701", f"--tls-ca={tls}/shuffler-ca.pem")
+            == "SERVING"
         )
         status = docker("exec", f"{network}-aggregator", "sh", "-c",
                         "grep -E '^(CapEff|NoNewPrivs)' /proc/1/status; id -u; id -G; "

@@ -151,18 +151,20 @@ class Stack:
         template = f'{{{{(index .NetworkSettings.Networks "{self.project}_{network}").IPAddress}}}}'
         return docker("inspect", "-f", template, self.container(service)).stdout.strip()
 
-    def operator(self) -> list[str]:
-        """The operator's TLS options (host side, the ports published on 127.0.0.1)."""
-        certs = self.directory / "certs" / "operator"
-        return [
-            f"--tls-ca={certs}/ca.pem",
-            f"--tls-cert={certs}/operator.pem",
-            f"--tls-key={certs}/operator.key",
-        ]
+    def operator(self, party: str = "aggregator") -> list[str]:
+        """A party's operator TLS options (host side, the ports published on 127.0.0.1): each party
+        has its own CA and operator credential (ADR 0030)."""
+        certs = self.directory / "certs" / f"{party}-operator"
+        return [f"--tls-ca={certs}/{party}-ca.pem", f"--tls-cert={certs}/{party}-operator.pem",
+                f"--tls-key={certs}/{party}-operator.key"]  # fmt: skip
 
-    def deniable(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """This checkout's CLI on the host, as the operator."""
-        return run(sys.executable, "-m", "deniable.cli", *argv, *self.operator(), check=check, timeout=120)
+    def deniable(
+        self, *argv: str, party: str = "aggregator", check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """This checkout's CLI on the host, as that party's operator."""
+        return run(
+            sys.executable, "-m", "deniable.cli", *argv, *self.operator(party), check=check, timeout=120
+        )
 
     def create_campaign(self, campaign: str, batch_target: int = 50) -> str:
         """A binary campaign (n_min 1, so every batch may be released); the signing key (hex)."""
@@ -176,7 +178,7 @@ class Stack:
 
     def counted(self, campaign: str) -> int:
         """Reports the aggregator counted for the campaign, after asking the shuffler to forward."""
-        self.deniable("shuffler", "flush", "--shuffler=127.0.0.1:7702", check=False)
+        self.deniable("shuffler", "flush", "--shuffler=127.0.0.1:7702", party="shuffler", check=False)
         answer = self.deniable("query", "binary-sum", campaign, "--aggregator=127.0.0.1:7700", "--json")
         return int(json.loads(answer.stdout)["n"])
 
@@ -186,7 +188,7 @@ def device_transport(stack: Stack) -> Any:
     from deniable.client.transport import GrpcTransport
     from deniable.core.plumbing.tls import ClientTls
 
-    ca = stack.directory / "certs" / "operator" / "ca.pem"
+    ca = stack.directory / "certs" / "devices" / "shuffler-ca.pem"  # what apps ship
     return GrpcTransport("127.0.0.1:7701", timeout_s=5.0, tls=ClientTls(ca=ca))
 
 
