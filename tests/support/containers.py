@@ -101,11 +101,11 @@ class Stack:
         return {**LOCAL_SERVICES, **os.environ}
 
     def compose(
-        self, *argv: str, check: bool = True, timeout: float = 300.0
+        self, *argv: str, check: bool = True, timeout: float = 300.0, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """``docker-compose -p <project> -f <directory>/compose.yaml ...``."""
+        """``docker-compose -p <project> -f <directory>/compose.yaml ...`` (``input``: its stdin)."""
         base = ("docker-compose", "--no-ansi", "-p", self.project, "-f", str(self.directory / "compose.yaml"))
-        return run(*base, *argv, check=check, timeout=timeout, env=self.env())
+        return run(*base, *argv, check=check, timeout=timeout, env=self.env(), input=input)
 
     def up(self, *services: str) -> float:
         """Start (no build: the script built the images); seconds until every healthcheck passes."""
