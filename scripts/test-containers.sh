@@ -49,7 +49,6 @@ for target in aggregator shuffler cli build; do build "deniable-$target:dev" "$t
 for service in postgres mosquitto prometheus; do
   build "deniable-$service:local" "$service" deploy/local-services/Dockerfile deploy/local-services
 done
-rm -f deploy/build-ca/ca-certificates.crt
 export DENIABLE_POSTGRES_IMAGE=${DENIABLE_POSTGRES_IMAGE:-deniable-postgres:local}
 export DENIABLE_MOSQUITTO_IMAGE=${DENIABLE_MOSQUITTO_IMAGE:-deniable-mosquitto:local}
 export DENIABLE_PROMETHEUS_IMAGE=${DENIABLE_PROMETHEUS_IMAGE:-deniable-prometheus:local}
