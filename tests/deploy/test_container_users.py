@@ -5,6 +5,12 @@ The failure cases are the reported bugs: a data directory the image did not crea
 ("not writable", exit 2), and the fsGroup pass makes the aggregator's keys 0660 (refused unless the
 operator names the pod's fsGroup with DENIABLE_KEY_GROUP). Needs root and util-linux's setpriv (CI runs
 as root); elsewhere each test says why it did not run.
+
+Uid 10001 must be able to run this checkout's code wherever the checkout is: under a directory only
+root may enter (root's home, ``mktemp -d``), or with an interpreter there (pyenv under /root), it
+cannot. The session fixture ``runner`` then stages what it needs (the interpreter's prefix, the
+environment's site-packages and this checkout's packages) as hard links (copies across file systems)
+under a world-readable temporary directory, and skips with the reason if even that does not import.
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -35,8 +43,84 @@ def as_uid(*groups: int) -> list[str]:
     return ["setpriv", "--reuid", str(UID), "--regid", str(UID), *extra]
 
 
+_PYTHON: list[str] = [sys.executable]
+"""How uid 10001 runs this checkout's Python (``env VAR=... python``); set by the fixture ``runner``."""
+
+
 def deniable(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "deniable.cli", *argv]
+    return [*_PYTHON, "-m", "deniable.cli", *argv]
+
+
+def _fails_as_uid(argv: list[str]) -> str:
+    """Empty if ``argv`` succeeds as uid 10001, else why not (the last line of its stderr)."""
+    try:
+        done = subprocess.run([*as_uid(), *argv], capture_output=True, text=True, timeout=120)
+    except OSError as exc:
+        return str(exc)
+    return "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["exit status"])[-1]
+
+
+def _imports_as_uid(python: list[str]) -> str:
+    """Empty if uid 10001 can import the services with ``python``, else why not."""
+    return _fails_as_uid([*python, "-c", "import deniable.cli, deniable.aggregator, deniable.shuffler"])
+
+
+def _link_tree(source: Path, target: Path, skip: tuple[str, ...] = ()) -> None:
+    """Hard-link ``source``'s files under ``target`` (copy when linking fails), world-traversable dirs."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, copy_function=link, symlinks=True, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(*skip))  # fmt: skip
+    for base, dirs, _ in os.walk(target):
+        for name in dirs:
+            Path(base, name).chmod(0o755)
+
+
+def _stage(stage: Path) -> list[str]:
+    """The interpreter, site-packages and this checkout's packages under ``stage``: the command to run."""
+    checkout = Path(__file__).resolve().parents[2]
+    mapping = tomllib.loads((checkout / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, directory in mapping.items():
+        _link_tree(checkout / directory, stage / "src" / Path(*package.split(".")), ("__pycache__",))
+    _link_tree(Path(sysconfig.get_paths()["purelib"]), stage / "site", ("__editable__*", "*.pth"))
+    env = [f"PYTHONPATH={stage / 'src'}:{stage / 'site'}"]
+    python = os.path.realpath(sys.executable)
+    if _fails_as_uid([python, "-S", "-c", "pass"]):  # the interpreter itself is out of reach
+        home, version = Path(sys.base_prefix), f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        _link_tree(
+            home / "lib" / version, stage / "python" / "lib" / version, ("site-packages", "__pycache__")
+        )
+        for lib in (home / "lib").glob("libpython*.so*"):
+            shutil.copy2(lib, stage / "python" / "lib" / lib.name)
+        (stage / "python" / "bin").mkdir(parents=True)
+        shutil.copy2(python, stage / "python" / "bin" / version)
+        python = str(stage / "python" / "bin" / version)
+        env.append(f"LD_LIBRARY_PATH={stage / 'python' / 'lib'}")
+    return ["env", *env, python]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runner() -> Iterator[list[str]]:
+    """How uid 10001 runs this checkout: directly when it can, else from a staged copy, else skip."""
+    global _PYTHON
+    if not (why := _imports_as_uid([sys.executable])):
+        yield _PYTHON
+        return
+    stage = Path(tempfile.mkdtemp(prefix="deniable-uid-python-"))
+    stage.chmod(0o755)
+    try:
+        _PYTHON = _stage(stage)
+        if still := _imports_as_uid(_PYTHON):
+            pytest.skip(f"uid {UID} cannot import this checkout ({why}), nor a staged copy: {still}")
+        yield _PYTHON
+    finally:
+        _PYTHON = [sys.executable]
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 @pytest.fixture

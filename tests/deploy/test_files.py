@@ -129,7 +129,12 @@ def test_dockerfile_is_multi_stage_with_a_target_per_service(dp: ModuleType) -> 
     assert {"build", "runtime", "aggregator", "shuffler", "cli"} <= set(stages)
     for folder in ("core", "client", "shuffler", "aggregator", "cli", "proto"):
         assert f"COPY {folder} {folder}" in stages["build"]
-    assert "COPY --from=build" in stages["runtime"] and "pip install" not in stages["runtime"]
+    assert "pip install" not in stages["runtime"] and "build-ca" not in stages["runtime"]
+    for service in ("aggregator", "shuffler", "cli"):  # each copies only its build stage's virtualenv
+        copies = re.findall(r"^COPY .*$", stages[service], re.MULTILINE)
+        assert copies == [f"COPY --from=build-{'shuffler' if service == 'shuffler' else 'services'} "
+                          "/opt/deniable /opt/deniable"], copies  # fmt: skip
+        assert "pip install" not in stages[service] and "build-ca" not in stages[service]
     for name, service in dp.compose()["services"].items():
         target = service.get("build", {}).get("target")
         assert target is None or target in stages, name
