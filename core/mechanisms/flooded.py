@@ -72,15 +72,18 @@ class FloodedHistogram(PolyaNoise, LocalRandomiser):
         domain_size: int,
         expected_n: float = 0.0,
         delta: float = DEFAULT_DELTA,
-        flood: float = DEFAULT_FLOOD,
+        flood: float | None = None,
         noise_probability: float | None = None,
     ) -> None:
-        """epsilon0: central target at expected_n; flood: expected pairs per bucket at expected_n."""
+        """epsilon0: central target at expected_n; flood: expected pairs per bucket at expected_n
+        (default min(1000, expected_n / 4))."""
         super().__init__(epsilon0, domain_size)
         if domain_size > MAX_BUCKETS:
             raise ValueError(f"flooded_histogram supports at most {MAX_BUCKETS} buckets")
         self.expected_n = int_param(expected_n, "expected_n", 2, 1 << 32)
         self.delta = probability_param(delta, "delta")
+        if flood is None:
+            flood = min(DEFAULT_FLOOD, self.expected_n / 4)
         if not 0 <= float(flood) <= self.expected_n / 2:
             raise ValueError(f"flood must lie in [0, expected_n / 2], got {flood!r}")
         self._flood_threshold = grid_up(float(flood) / self.expected_n)
