@@ -14,6 +14,7 @@ from deniable.aggregator.key_admin import KeyHandlers
 from deniable.aggregator.store import (
     CampaignCounts,
     CampaignExists,
+    CampaignIdTombstoned,
     UnknownCampaign,
 )
 from deniable.core import mechanisms
@@ -32,6 +33,7 @@ from deniable.core.mechanisms import LocalRandomiser
 from deniable.core.plumbing.build import version
 from deniable.core.plumbing.metrics import reason_label
 from deniable.core.plumbing.process import ChildDied, run_in_child
+from deniable.core.rng import default_rng
 from deniable.v1 import deniable_pb2 as pb
 
 log = logging.getLogger("deniable.aggregator")
@@ -54,6 +56,8 @@ MAX_WINDOW_S: Final = 10 * 366 * 24 * 3600
 DEFAULT_RELEASE_S: Final = 600
 MAX_RELEASE_S: Final = 24 * 3600
 MAX_BATCH_TARGET: Final = 1 << 40
+INCARNATION_LENGTH: Final = 16
+"""Random bytes that tell one life of a campaign id from any other (docs/wire.md)."""
 
 
 def _finite(value: float) -> bool:
@@ -322,6 +326,7 @@ class CampaignHandlers:
         campaign.plaintext_length = layout.plaintext_length
         campaign.ciphertext_length = layout.ciphertext_length
         campaign.created_unix = int(self._ctx.clock())
+        campaign.incarnation = default_rng().bytes(INCARNATION_LENGTH)
         campaign.quota_per_source = request.quota_per_source
         if not campaign.window_end_unix:
             opens = max(campaign.window_start_unix, campaign.created_unix)
@@ -333,6 +338,11 @@ class CampaignHandlers:
             signed = self._ctx.signed(campaign)
             try:
                 await self._ctx.store.create_campaign(signed)
+            except CampaignIdTombstoned:
+                raise AlreadyExists(
+                    f"campaign id {campaign.id} belonged to a deleted campaign and is never reused"
+                    " (devices and old reports could confuse the two): choose another id"
+                ) from None
             except CampaignExists:
                 raise AlreadyExists(f"campaign {campaign.id} already exists") from None
         return signed

@@ -40,8 +40,12 @@ def open_reports(
     ciphertext_length: int,
     private_keys: Mapping[int, bytes],
     envelopes: Sequence[Envelope],
+    *,
+    incarnation: bytes = b"",
 ) -> list[Opened]:
-    """Check, decrypt and decode every envelope; one outcome per envelope, never an exception."""
+    """Check, decrypt and decode every envelope; one outcome per envelope, never an exception.
+
+    Reports sealed under another ``incarnation`` of the campaign id do not open (UNDECRYPTABLE)."""
     pairs = {key_id: KeyPair(key_id, raw) for key_id, raw in private_keys.items()}
     out: list[Opened] = []
     for envelope_campaign, key_id, ciphertext in envelopes:
@@ -56,7 +60,7 @@ def open_reports(
             out.append((WRONG_CIPHERTEXT_LENGTH, _REJECTED, _REJECTED))
             continue
         try:
-            plaintext = open_report(ciphertext, pair, campaign_id)
+            plaintext = open_report(ciphertext, pair, campaign_id, incarnation)
         except DecryptionError:
             out.append((UNDECRYPTABLE, _REJECTED, _REJECTED))
             continue
@@ -87,6 +91,8 @@ def open_packed(
     private_keys: Mapping[int, bytes],
     key_ids: bytes,
     ciphertexts: bytes,
+    *,
+    incarnation: bytes = b"",
 ) -> Packed:
     """``open_reports`` for a chunk whose envelopes all name ``campaign_id`` and have the
     campaign's ciphertext length, passed packed (uint32 key ids, ciphertexts back to back).
@@ -99,7 +105,7 @@ def open_packed(
     if len(ciphertexts) != int(keys.size) * ciphertext_length:
         raise ValueError("ciphertexts do not match the key ids and the ciphertext length")
     reasons, rows = _decrypt_rows(
-        campaign_id, plaintext_length, ciphertext_length, private_keys, keys, ciphertexts
+        (campaign_id, incarnation), plaintext_length, ciphertext_length, private_keys, keys, ciphertexts
     )
     accepted = accepted_rows(rows, campaign_id, keys)
     for index in np.flatnonzero((reasons == OK) & ~accepted).tolist():
@@ -112,14 +118,15 @@ def open_packed(
 
 
 def _decrypt_rows(
-    campaign_id: str,
+    context: tuple[str, bytes],
     size: int,
     width: int,
     private_keys: Mapping[int, bytes],
     keys: npt.NDArray[np.uint32],
     ciphertexts: bytes,
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
-    """(reason per report so far, plaintexts as rows of ``size`` bytes; zero where not opened)."""
+    """(reason per report so far, plaintexts as rows of ``size`` bytes; zero where not opened);
+    ``context`` is the campaign id and incarnation the reports were sealed under."""
     pairs = {key_id: KeyPair(key_id, raw) for key_id, raw in private_keys.items()}
     count = int(keys.size)
     reasons = np.zeros(count, dtype=np.uint8)
@@ -130,7 +137,7 @@ def _decrypt_rows(
             reasons[index] = UNKNOWN_KEY_ID
             continue
         try:
-            plaintext = open_report(ciphertexts[index * width : (index + 1) * width], pair, campaign_id)
+            plaintext = open_report(ciphertexts[index * width : (index + 1) * width], pair, *context)
         except DecryptionError:
             reasons[index] = UNDECRYPTABLE
             continue

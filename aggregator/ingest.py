@@ -102,7 +102,14 @@ class IngestHandlers:
         if not envelopes:
             return []
         keys = self._ctx.keyring.private_keys()
-        work = partial(open_reports, campaign.id, campaign.plaintext_length, campaign.ciphertext_length, keys)
+        work = partial(
+            open_reports,
+            campaign.id,
+            campaign.plaintext_length,
+            campaign.ciphertext_length,
+            keys,
+            incarnation=campaign.incarnation,
+        )
         loop = asyncio.get_running_loop()
         if executor is None or self._workers <= 0:
             return await loop.run_in_executor(executor, work, envelopes)
@@ -113,7 +120,12 @@ class IngestHandlers:
             return [opened for part in parts for opened in part]
         # Few large buffers per worker instead of a tuple per report (keys parsed once per worker).
         packed_work = partial(
-            open_packed, campaign.id, campaign.plaintext_length, campaign.ciphertext_length, keys
+            open_packed,
+            campaign.id,
+            campaign.plaintext_length,
+            campaign.ciphertext_length,
+            keys,
+            incarnation=campaign.incarnation,
         )
         results = await asyncio.gather(
             *(loop.run_in_executor(executor, packed_work, *p) for p in packed if p is not None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from deniable.v1 import deniable_pb2 as pb
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: tombstones of deleted campaign ids
 PAGE_CACHE_KIB: Final = 64 * 1024
 __all__ = [  # the store's errors and outcome are defined with the pipeline, re-exported here
     "DELETED_WITH_CAMPAIGN",
@@ -38,6 +39,7 @@ __all__ = [  # the store's errors and outcome are defined with the pipeline, re-
     "BatchRecord",
     "CampaignCounts",
     "CampaignExists",
+    "CampaignIdTombstoned",
     "IngestOutcome",
     "SqliteAggregatorStore",
     "StoreError",
@@ -47,6 +49,10 @@ __all__ = [  # the store's errors and outcome are defined with the pipeline, re-
 
 class CampaignExists(StoreError):
     """A campaign with this id already exists."""
+
+
+class CampaignIdTombstoned(CampaignExists):
+    """A campaign with this id existed and was deleted: ids are never reused (ADR 0031)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,8 @@ class AggregatorStore(Protocol):
     """What the aggregator needs from storage; every implementation passes tests/aggregator's contract."""
 
     async def create_campaign(self, campaign: pb.Campaign) -> None:
-        """Store a new campaign; CampaignExists if its id is taken."""
+        """Store a new campaign; CampaignExists if its id is taken, CampaignIdTombstoned if a
+        campaign of that id was ever deleted."""
         ...
 
     async def get_campaign(self, campaign_id: str) -> pb.Campaign | None:
@@ -101,7 +108,8 @@ class AggregatorStore(Protocol):
 
     async def delete_campaign(self, campaign_id: str) -> tuple[int, int]:
         """Remove a campaign with its counts, rejections, batches and seen report ids in one
-        transaction: (reports counted, batches) it had; UnknownCampaign if there is none."""
+        transaction, leaving a tombstone of its id: (reports counted, batches) it had;
+        UnknownCampaign if there is none."""
         ...
 
     async def apply(self, plan: IngestPlan) -> IngestOutcome:
@@ -184,6 +192,10 @@ CREATE TABLE IF NOT EXISTS releases (
     state TEXT NOT NULL,
     PRIMARY KEY (campaign, release_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tombstones (
+    id TEXT PRIMARY KEY,
+    deleted_unix INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 
@@ -251,6 +263,8 @@ class SqliteAggregatorStore:
         body = campaign.SerializeToString(deterministic=True)
 
         def work(db: sqlite3.Connection) -> None:
+            if db.execute("SELECT 1 FROM tombstones WHERE id = ?", (campaign.id,)).fetchone():
+                raise CampaignIdTombstoned(campaign.id)
             try:
                 db.execute("INSERT INTO campaigns (id, body) VALUES (?, ?)", (campaign.id, body))
             except sqlite3.IntegrityError as exc:
@@ -296,6 +310,10 @@ class SqliteAggregatorStore:
             for table in DELETED_WITH_CAMPAIGN:
                 db.execute(f"DELETE FROM {table} WHERE campaign = ?", (row[0],))  # noqa: S608 - fixed names
             db.execute("DELETE FROM campaigns WHERE seq = ?", (row[0],))
+            db.execute(
+                "INSERT OR IGNORE INTO tombstones (id, deleted_unix) VALUES (?, ?)",
+                (campaign_id, int(time.time())),
+            )
             return int(row[1]), int(row[2])
 
         return await self._run(lambda: self._transaction(work, write=True))

@@ -34,6 +34,7 @@ from deniable.aggregator.store import (
     BatchRecord,
     CampaignCounts,
     CampaignExists,
+    CampaignIdTombstoned,
     StoreError,
     UnknownCampaign,
 )
@@ -42,7 +43,7 @@ from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.dsn import describe_dsn, is_postgres_dsn, one_line
 from deniable.v1 import deniable_pb2 as pb
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: tombstones of deleted campaign ids
 """Version of the PostgreSQL schema below (independent of the SQLite one)."""
 PING_TIMEOUT_S: Final = 2.0
 DEFAULT_POOL_SIZE: Final = 8
@@ -96,6 +97,10 @@ CREATE TABLE IF NOT EXISTS releases (
     done BOOLEAN NOT NULL DEFAULT FALSE,
     state TEXT NOT NULL,
     PRIMARY KEY (campaign, release_id)
+);
+CREATE TABLE IF NOT EXISTS tombstones (
+    id TEXT PRIMARY KEY,
+    deleted_unix BIGINT NOT NULL
 );
 """
 """No foreign key on seen_reports (as in SQLite): one check per report id would cost more than it guards."""
@@ -187,11 +192,16 @@ class PostgresAggregatorStore:
         """Store a new campaign; CampaignExists if its id is taken."""
         body = campaign.SerializeToString(deterministic=True)
         try:
-            await self._open_pool().execute(
-                "INSERT INTO campaigns (id, body) VALUES ($1, $2)", campaign.id, body
+            inserted = await self._open_pool().execute(
+                "INSERT INTO campaigns (id, body) SELECT $1, $2"
+                " WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE id = $1)",
+                campaign.id,
+                body,
             )
         except asyncpg.UniqueViolationError as exc:
             raise CampaignExists(campaign.id) from exc
+        if inserted != "INSERT 0 1":
+            raise CampaignIdTombstoned(campaign.id)
 
     async def get_campaign(self, campaign_id: str) -> pb.Campaign | None:
         """The campaign, or None."""
@@ -223,6 +233,11 @@ class PostgresAggregatorStore:
             for table in DELETED_WITH_CAMPAIGN:
                 await connection.execute(f"DELETE FROM {table} WHERE campaign = $1", row[0])  # noqa: S608
             await connection.execute("DELETE FROM campaigns WHERE seq = $1", row[0])
+            await connection.execute(
+                "INSERT INTO tombstones (id, deleted_unix) VALUES ($1, EXTRACT(EPOCH FROM now())::BIGINT)"
+                " ON CONFLICT (id) DO NOTHING",
+                campaign_id,
+            )
         return int(row[1]), int(row[2])
 
     async def find_batch(self, batch_id: str) -> BatchRecord | None:

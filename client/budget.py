@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS participation (
     reports INTEGER NOT NULL,
     central_target_micro INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS incarnation (
+    campaign_id TEXT PRIMARY KEY,
+    incarnation BLOB NOT NULL
+);
 """
 
 
@@ -72,6 +76,10 @@ class BudgetExceeded(Exception):
         self.spent = spent
         self.requested = requested
         self.limit = limit
+
+
+class IncarnationMismatch(Exception):
+    """A description of a campaign id in another incarnation than the one this device pinned."""
 
 
 class BudgetLedger:
@@ -157,6 +165,31 @@ class BudgetLedger:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+
+    def pin_incarnation(self, campaign_id: str, incarnation: bytes) -> None:
+        """Pin the first incarnation seen for ``campaign_id``; IncarnationMismatch for another one.
+
+        Campaign ids are never reused, so another incarnation is an older (deleted) life of the id
+        replayed to this device, or a forgery: either way nothing is sent under it. Descriptions
+        without an incarnation (made before they existed) are neither pinned nor refused.
+        """
+        if not incarnation:
+            return
+        with self._lock:
+            db = self._conn()
+            db.execute(
+                "INSERT INTO incarnation (campaign_id, incarnation) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (campaign_id, bytes(incarnation)),
+            )
+            (pinned,) = db.execute(
+                "SELECT incarnation FROM incarnation WHERE campaign_id = ?", (campaign_id,)
+            ).fetchone()
+        if bytes(pinned) != bytes(incarnation):
+            raise IncarnationMismatch(
+                f"campaign {campaign_id!r}: this description belongs to another incarnation of the id"
+                f" ({bytes(incarnation).hex()[:8]}…) than the one this device pinned"
+                f" ({bytes(pinned).hex()[:8]}…); refusing it"
+            )
 
     def participations(self, campaign_id: str | None = None) -> int:
         """Reports sent to shuffle-only campaigns (one campaign, or all): central-only, no local epsilon."""

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from deniable.client.budget import BudgetExceeded, BudgetLedger, fits
+from deniable.client.budget import BudgetExceeded, BudgetLedger, IncarnationMismatch, fits
 from deniable.client.outbox import Outbox
 from deniable.client.transport import Transport, TransportError
 from deniable.core import mechanisms
@@ -256,12 +256,18 @@ class Reporter:
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        """Check the campaign (CampaignInvalid; CampaignRefused if ``require_local_guarantee`` and
-        it has none) and rebuild its randomiser; ``clock``/``sleep`` for tests.
+        """Check the campaign (CampaignInvalid, also for an incarnation other than the one ``ledger``
+        pinned for its id; CampaignRefused if ``require_local_guarantee`` and it has none) and
+        rebuild its randomiser; ``clock``/``sleep`` for tests.
 
         The description is trusted as given: use ``fetch``, or ``verify_description`` first, for one
         that came through the shuffler, a broker or any cache."""
         validate_campaign(campaign)
+        if ledger is not None:
+            try:
+                ledger.pin_incarnation(campaign.id, campaign.incarnation)
+            except IncarnationMismatch as exc:
+                raise CampaignInvalid(str(exc)) from None
         if require_local_guarantee and not mechanism_has_local_guarantee(campaign):
             raise CampaignRefused(
                 f"campaign {campaign.id!r} uses a shuffle-only protocol: its reports carry no local guarantee"
@@ -341,7 +347,7 @@ class Reporter:
             plaintext = encode(
                 Plaintext(report_id, campaign.id, campaign.key_id, message), campaign.plaintext_length
             )
-            ciphertext = seal_report(plaintext, self.public_key, campaign.id)
+            ciphertext = seal_report(plaintext, self.public_key, campaign.id, campaign.incarnation)
             if len(ciphertext) != campaign.ciphertext_length:  # guaranteed by validate_campaign
                 raise CampaignInvalid(
                     f"sealed {len(ciphertext)} bytes, campaign expects {campaign.ciphertext_length}"

@@ -136,16 +136,22 @@ def envelope_vectors() -> dict[str, Any]:
     """One aggregator key, the HPKE info for two contexts, and sealed reports to open."""
     key_pair = KeyPair(key_id=3, private_raw=fixed_key("aggregator x25519"))
     sealed = []
-    for campaign, payload in [("dark-mode", b"\x01"), ("ui-language", b"\x06")]:
-        report_id = hashlib.sha256(f"sealed {campaign}".encode()).digest()[:16]
+    incarnated = fixed_key("incarnation")[:16]
+    for campaign, payload, incarnation in [
+        ("dark-mode", b"\x01", b""),
+        ("ui-language", b"\x06", b""),
+        ("dark-mode", b"\x00", incarnated),
+    ]:
+        report_id = hashlib.sha256(f"sealed {campaign} {incarnation.hex()}".encode()).digest()[:16]
         length = plaintext_length(len(payload))
         plaintext = encode(Plaintext(report_id, campaign, key_pair.key_id, payload), length)
-        ciphertext = seal_report(plaintext, key_pair.public, campaign)
+        ciphertext = seal_report(plaintext, key_pair.public, campaign, incarnation)
         sealed.append(
             {
                 "campaign_id": campaign,
                 "key_id": key_pair.key_id,
-                "info": envelope_info(campaign, key_pair.key_id).hex(),
+                "incarnation": incarnation.hex(),
+                "info": envelope_info(campaign, key_pair.key_id, incarnation).hex(),
                 "plaintext": plaintext.hex(),
                 "enc": ciphertext[:32].hex(),
                 "ciphertext": ciphertext.hex(),
@@ -184,19 +190,20 @@ def report_vector() -> dict[str, Any]:
         plaintext_length=layout.plaintext_length,
         ciphertext_length=layout.ciphertext_length,
         device_budget_epsilon=1.0,
+        incarnation=fixed_key("report/incarnation")[:16],
     )
     rng = RecordingRng(fixed_key("report/randomness"))
     payload = randomiser.randomise(2, rng)
     report_id = RecordingRng(fixed_key("report/id")).bytes(16)
     plaintext = encode(Plaintext(report_id, campaign.id, campaign.key_id, payload), campaign.plaintext_length)
-    ciphertext = seal_report(plaintext, key_pair.public, campaign.id)
+    ciphertext = seal_report(plaintext, key_pair.public, campaign.id, campaign.incarnation)
     return {
         "campaign": campaign.SerializeToString(deterministic=True).hex(),
         "value": 2,
         "randomness": rng.served.hex(),
         "payload": payload.hex(),
         "report_id": report_id.hex(),
-        "info": envelope_info(campaign.id, campaign.key_id).hex(),
+        "info": envelope_info(campaign.id, campaign.key_id, campaign.incarnation).hex(),
         "plaintext": plaintext.hex(),
         "recipient_private_key": key_pair.private_raw.hex(),
         "ciphertext": ciphertext.hex(),

@@ -354,7 +354,7 @@ def _seal_chunk(campaign_blob: bytes, values: list[int]) -> tuple[bytes, int, fl
             plaintext = encode(
                 Plaintext(new_report_id(), campaign.id, campaign.key_id, message), campaign.plaintext_length
             )
-            parts.append(seal_report(plaintext, key, campaign.id))
+            parts.append(seal_report(plaintext, key, campaign.id, campaign.incarnation))
     return b"".join(parts), len(parts), time.process_time() - started
 
 

@@ -92,17 +92,22 @@ def test_plaintext_vectors() -> None:
 
 def test_envelope_vectors_open_and_bind_their_context() -> None:
     """HPKE in the decryption direction (our library draws the ephemeral key itself): the info
-    bytes match, each ciphertext opens to its plaintext, and not under another campaign id."""
+    bytes match, each ciphertext opens to its plaintext, and not under another campaign id nor
+    another incarnation of its own id (a replay into a recreated campaign does not open)."""
     vector = load("envelope.json")
     key_pair = KeyPair(key_id=3, private_raw=bytes.fromhex(vector["recipient_private_key"]))
     assert key_pair.public.raw.hex() == vector["recipient_public_key"]
+    assert any(case["incarnation"] for case in vector["sealed"])
     for case in vector["sealed"]:
-        assert envelope_info(case["campaign_id"], case["key_id"]).hex() == case["info"]
+        incarnation = bytes.fromhex(case["incarnation"])
+        assert envelope_info(case["campaign_id"], case["key_id"], incarnation).hex() == case["info"]
         ciphertext = bytes.fromhex(case["ciphertext"])
         assert ciphertext[:32].hex() == case["enc"]
-        assert open_report(ciphertext, key_pair, case["campaign_id"]).hex() == case["plaintext"]
+        assert open_report(ciphertext, key_pair, case["campaign_id"], incarnation).hex() == case["plaintext"]
         with pytest.raises(DecryptionError):
-            open_report(ciphertext, key_pair, case["campaign_id"] + "x")
+            open_report(ciphertext, key_pair, case["campaign_id"] + "x", incarnation)
+        with pytest.raises(DecryptionError):
+            open_report(ciphertext, key_pair, case["campaign_id"], incarnation[::-1] or bytes(16))
 
 
 def test_report_vector_end_to_end() -> None:
@@ -116,9 +121,10 @@ def test_report_vector_end_to_end() -> None:
     assert payload.hex() == vector["payload"]
     plain = Plaintext(bytes.fromhex(vector["report_id"]), campaign.id, campaign.key_id, payload)
     assert encode(plain, campaign.plaintext_length).hex() == vector["plaintext"]
-    assert envelope_info(campaign.id, campaign.key_id).hex() == vector["info"]
+    assert campaign.incarnation
+    assert envelope_info(campaign.id, campaign.key_id, campaign.incarnation).hex() == vector["info"]
     key_pair = KeyPair(key_id=campaign.key_id, private_raw=bytes.fromhex(vector["recipient_private_key"]))
     assert key_pair.public.raw == campaign.public_key
     ciphertext = bytes.fromhex(vector["ciphertext"])
     assert len(ciphertext) == campaign.ciphertext_length
-    assert open_report(ciphertext, key_pair, campaign.id).hex() == vector["plaintext"]
+    assert open_report(ciphertext, key_pair, campaign.id, campaign.incarnation).hex() == vector["plaintext"]

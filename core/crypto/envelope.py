@@ -1,8 +1,9 @@
 """Seal and open one report with HPKE base mode: X25519 (default) or ML-KEM-768 + X25519 hybrid,
 both with HKDF-SHA256 / ChaCha20-Poly1305.
 
-``info`` binds the campaign id and key id, so a ciphertext moved to another campaign or
-relabelled with another key id fails to open. A key's KEM follows from its raw length.
+``info`` binds the campaign id, key id and the campaign's incarnation, so a ciphertext moved to
+another campaign, relabelled with another key id or replayed into a later life of the same id
+fails to open. A key's KEM follows from its raw length.
 """
 
 from __future__ import annotations
@@ -113,10 +114,19 @@ class DecryptionError(Exception):
     """The ciphertext did not open under this key, campaign and key id."""
 
 
-def envelope_info(campaign_id: str, key_id: int) -> bytes:
-    """HPKE ``info``: an unambiguous encoding of the context the report belongs to."""
+def envelope_info(campaign_id: str, key_id: int, incarnation: bytes = b"") -> bytes:
+    """HPKE ``info``: an unambiguous encoding of the context the report belongs to.
+
+    A campaign with an incarnation appends ``len u8 || incarnation``; without one (descriptions
+    older than incarnations) the info is unchanged, so the two can never collide.
+    """
     campaign = campaign_id.encode("utf-8")
-    return _INFO_PREFIX + len(campaign).to_bytes(2, "big") + campaign + key_id.to_bytes(4, "big")
+    info = _INFO_PREFIX + len(campaign).to_bytes(2, "big") + campaign + key_id.to_bytes(4, "big")
+    if incarnation:
+        if len(incarnation) > 255:
+            raise ValueError("an incarnation is at most 255 bytes")
+        info += len(incarnation).to_bytes(1, "big") + incarnation
+    return info
 
 
 def ciphertext_length(plaintext_length: int, suite_name: str = SUITE_NAME) -> int:
@@ -195,17 +205,19 @@ class KeyPair:
         return cls(key_id=key_id, private_raw=raw)
 
 
-def seal_report(plaintext: bytes, public_key: PublicKey, campaign_id: str) -> bytes:
-    """Encrypt one padded plaintext to the aggregator key named in ``public_key``."""
+def seal_report(plaintext: bytes, public_key: PublicKey, campaign_id: str, incarnation: bytes = b"") -> bytes:
+    """Encrypt one padded plaintext to the aggregator key named in ``public_key``, bound to the
+    campaign's id and ``incarnation``."""
     suite = public_key.kem.suite
-    return suite.encrypt(plaintext, public_key._key(), info=envelope_info(campaign_id, public_key.key_id))
+    info = envelope_info(campaign_id, public_key.key_id, incarnation)
+    return suite.encrypt(plaintext, public_key._key(), info=info)
 
 
-def open_report(ciphertext: bytes, key_pair: KeyPair, campaign_id: str) -> bytes:
+def open_report(ciphertext: bytes, key_pair: KeyPair, campaign_id: str, incarnation: bytes = b"") -> bytes:
     """Decrypt one report; raises ``DecryptionError`` for anything that does not authenticate."""
     try:
         return key_pair.kem.suite.decrypt(
-            ciphertext, key_pair._private(), info=envelope_info(campaign_id, key_pair.key_id)
+            ciphertext, key_pair._private(), info=envelope_info(campaign_id, key_pair.key_id, incarnation)
         )
     except (InvalidTag, ValueError) as exc:
         raise DecryptionError(str(exc) or type(exc).__name__) from exc

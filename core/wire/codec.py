@@ -5,8 +5,10 @@ Layout (big-endian)::
     version u8 | report_id 16 | key_id u32 | campaign_len u8 | campaign_id (64, zero padded)
     | payload_len u16 | payload | zero padding up to the campaign's plaintext length
 
-Every report of a campaign has the same length, so ciphertext sizes say nothing about the
-answer. Decoding is strict: wrong version, lengths or non-zero padding are rejected.
+The plaintext length is the smallest of a few size classes shared by every campaign
+(``SIZE_CLASSES``, powers of two from 128 bytes), so a ciphertext's size says nothing about the
+answer and, beyond its class, nothing about which campaign or mechanism it answers (ADR 0031).
+Decoding is strict: wrong version, lengths or non-zero padding are rejected.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ VERSION: Final = 1
 REPORT_ID_LENGTH: Final = 16
 _HEAD = struct.Struct(f">B{REPORT_ID_LENGTH}sIB{MAX_CAMPAIGN_ID_BYTES}sH")
 HEADER_LENGTH: Final = _HEAD.size  # 88
-PAD_MULTIPLE: Final = 16
+SIZE_CLASSES: Final = tuple(2**k for k in range(7, 18))
+"""Every plaintext length a campaign may have: 128, 256, …, 131072 bytes."""
 
 # Byte positions of the header fields (what ``_HEAD`` packs), for readers of many rows at once.
 VERSION_AT: Final = 0
@@ -49,11 +52,11 @@ class Plaintext:
 
 
 def plaintext_length(payload_length: int) -> int:
-    """Fixed plaintext length for a campaign whose payloads are ``payload_length`` bytes."""
+    """The size class a campaign whose payloads are ``payload_length`` bytes pads every plaintext to."""
     if not 0 < payload_length <= 0xFFFF:
         raise ValueError("payload length must be in 1..65535")
     raw = HEADER_LENGTH + payload_length
-    return -(-raw // PAD_MULTIPLE) * PAD_MULTIPLE
+    return next(size for size in SIZE_CLASSES if size >= raw)
 
 
 def new_report_id(rng: Csprng | None = None) -> bytes:

@@ -40,7 +40,7 @@ async def test_binary_campaign_defaults(handlers: AggregatorHandlers, kit: Kit) 
     assert campaign.key_id == handlers.keyring.active.key_id
     assert campaign.public_key == handlers.keyring.active.public.raw
     assert campaign.hpke_suite == SUITE_NAME
-    assert (campaign.payload_length, campaign.plaintext_length, campaign.ciphertext_length) == (1, 96, 144)
+    assert (campaign.payload_length, campaign.plaintext_length, campaign.ciphertext_length) == (1, 128, 176)
     assert campaign.created_unix > 0
     assert await handlers.get_campaign(pb.GetCampaignRequest(campaign_id="smoke")) == campaign
 

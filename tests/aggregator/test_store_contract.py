@@ -17,6 +17,7 @@ from deniable.aggregator.store import (
     AggregatorStore,
     BatchConflict,
     CampaignExists,
+    CampaignIdTombstoned,
     IngestOutcome,
     UnknownCampaign,
 )
@@ -356,7 +357,7 @@ async def test_one_batch_id_raced_into_two_campaigns(open_store: StoreOpener) ->
 
 async def test_delete_campaign_removes_it_and_everything_counted(store: AggregatorStore) -> None:
     """Deleted: gone from listings, counts, batches and seen report ids; others untouched; the id
-    can be reused from zero (issue 11, ADR 0021)."""
+    is tombstoned and never reused (issue 20, ADR 0031; ADR 0021 let it be reused from zero)."""
     await store.create_campaign(campaign("c1"))
     await store.create_campaign(campaign("c2"))
     shared = reports([0, 1, 2])
@@ -373,11 +374,12 @@ async def test_delete_campaign_removes_it_and_everything_counted(store: Aggregat
         await store.delete_campaign("c1")
     other = await store.snapshot("c2", CELLS)
     assert (other.n, other.counts, other.batches) == (3, [1, 1, 1], 1)
-    await store.create_campaign(campaign("c1"))
-    again = await ingest(store, "b1", shared)  # same batch id and report ids: counted afresh
-    assert (again.counted, again.duplicate_batch) == (3, False)
-    fresh = await store.snapshot("c1", CELLS)
-    assert (fresh.n, fresh.rejected, fresh.batches) == (3, {}, 1)
+    with pytest.raises(CampaignIdTombstoned):
+        await store.create_campaign(campaign("c1"))
+    with pytest.raises(CampaignExists):  # a tombstone is a kind of "exists" for older callers
+        await store.create_campaign(campaign("c1"))
+    assert await store.get_campaign("c1") is None
+    await store.create_campaign(campaign("c3"))  # other ids are untouched by the tombstone
 
 
 CLOSED = int(pb.CAMPAIGN_CLOSED)

@@ -6,6 +6,8 @@ import struct
 
 import pytest
 
+from deniable.core import mechanisms
+from deniable.core.campaigns import layout_for
 from deniable.core.ids import valid_campaign_id
 from deniable.core.rng import Csprng
 from deniable.core.wire import (
@@ -19,6 +21,7 @@ from deniable.core.wire import (
     new_report_id,
     plaintext_length,
 )
+from deniable.core.wire.codec import SIZE_CLASSES
 
 REPORT_ID = bytes(range(16))
 
@@ -58,11 +61,27 @@ def test_header_length_and_layout() -> None:
     assert encode(Plaintext(REPORT_ID, "abc", 9, b"\x05"), plaintext_length(1)) == raw
 
 
-@pytest.mark.parametrize("payload_length", [1, 2, 3, 8, 100, 65_535])
-def test_plaintext_length_is_padded_to_sixteen(payload_length: int) -> None:
+@pytest.mark.parametrize("payload_length", [1, 2, 3, 8, 40, 41, 100, 168, 169, 4000, 65_535])
+def test_plaintext_length_is_the_smallest_size_class_that_fits(payload_length: int) -> None:
     length = plaintext_length(payload_length)
-    assert length % 16 == 0
-    assert HEADER_LENGTH + payload_length <= length < HEADER_LENGTH + payload_length + 16
+    assert length in SIZE_CLASSES
+    assert HEADER_LENGTH + payload_length <= length
+    smaller = [c for c in SIZE_CLASSES if c < length]
+    assert not smaller or HEADER_LENGTH + payload_length > max(smaller)
+
+
+def test_size_classes_are_few_and_shared_by_every_mechanism() -> None:
+    """An observer of the device link learns a class, not a campaign: every single-message
+    mechanism at an ordinary domain seals to the same size (issue 20, item 10). With the old
+    16-byte padding OUE at d = 200 (176 bytes) and GRR (144) were told apart by size."""
+    assert len(SIZE_CLASSES) <= 12
+    assert tuple(sorted(SIZE_CLASSES)) == SIZE_CLASSES
+    sizes = {
+        layout_for(mechanisms.create(name, epsilon0=1.0, domain_size=d)).ciphertext_length
+        for name in ("binary_rr", "grr", "olh", "oue", "sue", "subset_selection", "hadamard_response")
+        for d in ((2,) if name == "binary_rr" else (2, 8, 32, 200))
+    }
+    assert sizes == {176}
 
 
 @pytest.mark.parametrize("payload_length", [0, -1, 65_536])
@@ -143,7 +162,7 @@ def test_encode_rejects_bad_fields() -> None:
     with pytest.raises(ValueError):
         encode(Plaintext(bytes(17), "abc", 1, b"\x00"), plaintext_length(1))
     with pytest.raises(ValueError):  # payload does not fit
-        encode(sample(payload=bytes(9)), plaintext_length(1))
+        encode(sample(payload=bytes(41)), plaintext_length(1))
     with pytest.raises(ValueError):  # length shorter than the header
         encode(sample(), HEADER_LENGTH - 1)
     for key_id in (-1, 2**32):

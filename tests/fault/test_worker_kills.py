@@ -113,7 +113,7 @@ def _batches(campaign: pb.Campaign, count: int, size: int) -> list[pb.ShuffledBa
                 pb.EncryptedReport(
                     campaign_id=campaign.id,
                     key_id=key.key_id,
-                    ciphertext=seal_report(plaintext, key, campaign.id),
+                    ciphertext=seal_report(plaintext, key, campaign.id, campaign.incarnation),
                 )
             )
         digest = batch_digest(r.ciphertext for r in reports)

@@ -67,6 +67,7 @@ def sealed(campaign: pb.Campaign, count: int, garbage: int = 0) -> list[pb.Encry
             encode(plain, campaign.plaintext_length),
             PublicKey(campaign.key_id, campaign.public_key),
             campaign.id,
+            campaign.incarnation,
         )
         out.append(pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=text))
     bad = bytes(campaign.ciphertext_length)

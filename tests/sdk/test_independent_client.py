@@ -77,6 +77,7 @@ async def test_reports_sealed_by_the_independent_client_are_counted(tmp_path: Pa
                     repr(campaign.epsilon0),
                     str(len(campaign.labels)),
                     str(value % len(campaign.labels)),
+                    campaign.incarnation.hex(),
                 )
                 reports.append(
                     pb.EncryptedReport(

@@ -94,7 +94,7 @@ def seal(
             ),
             campaign.plaintext_length,
         )
-    ciphertext = seal_report(plaintext, key, campaign.id)
+    ciphertext = seal_report(plaintext, key, campaign.id, campaign.incarnation)
     return Sealed(
         pb.EncryptedReport(campaign_id=campaign.id, key_id=key.key_id, ciphertext=ciphertext),
         report_id,

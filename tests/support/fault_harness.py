@@ -435,7 +435,9 @@ def acknowledged_ids(root: Path, campaign: pb.Campaign) -> tuple[set[bytes], int
             continue
         key = keyring.get(campaign.key_id)
         assert key is not None
-        plaintext = decode(open_report(ciphertext, key, campaign.id), campaign.plaintext_length)
+        plaintext = decode(
+            open_report(ciphertext, key, campaign.id, campaign.incarnation), campaign.plaintext_length
+        )
         ids.add(plaintext.report_id)
     return ids, len(queued)
 

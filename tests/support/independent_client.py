@@ -7,7 +7,7 @@ Only the standard library, ``struct`` for the layout and ``cryptography`` for HP
         subset_selection, hadamard_response, olh at g = 4), the plaintexts and the HPKE info of
         the golden vectors, and open their ciphertexts; exit 1 on the first mismatch
     python tests/support/independent_client.py seal PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID PLAINTEXT_LENGTH \
-        MECHANISM EPSILON0 DOMAIN_SIZE VALUE
+        MECHANISM EPSILON0 DOMAIN_SIZE VALUE INCARNATION_HEX
         print the hex ciphertext (enc || ct) of one fresh report
 """
 
@@ -216,16 +216,21 @@ def plaintext(report_id: bytes, campaign_id: str, key_id: int, payload: bytes, l
     return body + bytes(length - len(body))
 
 
-def info(campaign_id: str, key_id: int) -> bytes:
-    """wire.md §4: b"deniable/v1/report" || u16 length || campaign id || u32 key id."""
+def info(campaign_id: str, key_id: int, incarnation: bytes = b"") -> bytes:
+    """wire.md §4: b"deniable/v1/report" || u16 length || campaign id || u32 key id
+    [|| u8 length || incarnation, when the campaign has one]."""
     campaign = campaign_id.encode()
-    return b"deniable/v1/report" + struct.pack(">H", len(campaign)) + campaign + struct.pack(">I", key_id)
+    head = b"deniable/v1/report" + struct.pack(">H", len(campaign)) + campaign + struct.pack(">I", key_id)
+    return head + (struct.pack(">B", len(incarnation)) + incarnation if incarnation else b"")
 
 
-def seal(public_key: bytes, campaign_id: str, key_id: int, length: int, payload: bytes) -> bytes:
+def seal(
+    public_key: bytes, campaign_id: str, key_id: int, length: int, payload: bytes, incarnation: bytes
+) -> bytes:
     """A fresh report id, the padded plaintext, HPKE base mode to the aggregator key."""
     data = plaintext(os.urandom(16), campaign_id, key_id, payload, length)
-    return SUITE.encrypt(data, X25519PublicKey.from_public_bytes(public_key), info=info(campaign_id, key_id))
+    context = info(campaign_id, key_id, incarnation)
+    return SUITE.encrypt(data, X25519PublicKey.from_public_bytes(public_key), info=context)
 
 
 def _stream(data: bytes) -> Draw:
@@ -274,7 +279,7 @@ def check(folder: Path) -> None:
     envelope = json.loads((folder / "envelope.json").read_text())
     private = X25519PrivateKey.from_private_bytes(bytes.fromhex(envelope["recipient_private_key"]))
     for case in envelope["sealed"]:
-        context = info(case["campaign_id"], case["key_id"])
+        context = info(case["campaign_id"], case["key_id"], bytes.fromhex(case["incarnation"]))
         opened = SUITE.decrypt(bytes.fromhex(case["ciphertext"]), private, info=context)
         if context.hex() != case["info"] or opened.hex() != case["plaintext"]:
             raise SystemExit(f"envelope vector mismatch: {case['campaign_id']}")
@@ -286,10 +291,13 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["check"]:
         check(Path(argv[1]))
         return
-    if argv[:1] == ["seal"] and len(argv) == 9:
-        key, campaign, key_id, length, mechanism, epsilon0, d, value = argv[1:]
+    if argv[:1] == ["seal"] and len(argv) == 10:
+        key, campaign, key_id, length, mechanism, epsilon0, d, value, incarnation = argv[1:]
         payload, _ = randomise(mechanism, float(epsilon0), int(d), int(value), os.urandom)
-        print(seal(bytes.fromhex(key), campaign, int(key_id), int(length), payload).hex())
+        sealed = seal(
+            bytes.fromhex(key), campaign, int(key_id), int(length), payload, bytes.fromhex(incarnation)
+        )
+        print(sealed.hex())
         return
     raise SystemExit(__doc__)
 

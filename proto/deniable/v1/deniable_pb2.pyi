@@ -198,6 +198,7 @@ class Campaign(google.protobuf.message.Message):
     CLOSED_FIELD_NUMBER: builtins.int
     KEEP_REQUESTS_WHOLE_FIELD_NUMBER: builtins.int
     BELOW_N_MIN_UNTIL_UNIX_FIELD_NUMBER: builtins.int
+    INCARNATION_FIELD_NUMBER: builtins.int
     id: builtins.str
     """[a-z0-9][a-z0-9._-]{0,62}"""
     question: builtins.str
@@ -264,6 +265,10 @@ class Campaign(google.protobuf.message.Message):
     """multi-message: a request's messages are never split over batches"""
     below_n_min_until_unix: builtins.int
     """operator authorised batches below n_min until this time (0: never)"""
+    incarnation: builtins.bytes
+    """--- two parties ---
+    16 random bytes drawn at creation: which life of this id the
+    """
     @property
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """one per category; binary campaigns use ["no", "yes"]"""
@@ -304,8 +309,9 @@ class Campaign(google.protobuf.message.Message):
         closed: builtins.bool = ...,
         keep_requests_whole: builtins.bool = ...,
         below_n_min_until_unix: builtins.int = ...,
+        incarnation: builtins.bytes = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "below_n_min_until_unix", b"below_n_min_until_unix", "ciphertext_length", b"ciphertext_length", "closed", b"closed", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "keep_requests_whole", b"keep_requests_whole", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_target", b"batch_target", "below_n_min_until_unix", b"below_n_min_until_unix", "ciphertext_length", b"ciphertext_length", "closed", b"closed", "created_unix", b"created_unix", "delta", b"delta", "device_budget_epsilon", b"device_budget_epsilon", "epsilon0", b"epsilon0", "expected_n", b"expected_n", "hpke_suite", b"hpke_suite", "id", b"id", "incarnation", b"incarnation", "keep_requests_whole", b"keep_requests_whole", "key_id", b"key_id", "kind", b"kind", "labels", b"labels", "local_epsilon", b"local_epsilon", "local_guarantee", b"local_guarantee", "mechanism", b"mechanism", "n_min", b"n_min", "params", b"params", "payload_length", b"payload_length", "plaintext_length", b"plaintext_length", "public_key", b"public_key", "question", b"question", "quota_per_source", b"quota_per_source", "signature", b"signature", "target_epsilon", b"target_epsilon", "window_end_unix", b"window_end_unix", "window_start_unix", b"window_start_unix"]) -> None: ...
 
 Global___Campaign: typing_extensions.TypeAlias = Campaign
 
