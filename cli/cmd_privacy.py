@@ -83,6 +83,15 @@ def _add_plan(privacy: Subparsers) -> None:
         action="store_true",
         help="only local randomisers: every report stays ε0-DP even if the shuffler and aggregator misbehave",
     )
+    plan.add_argument(
+        "--max-bytes-per-device",
+        type=float,
+        default=4096.0,
+        help="per-device budget: mean sealed bytes (4096); over-budget candidates win only if none fits",
+    )
+    plan.add_argument(
+        "--max-messages-per-device", type=float, default=16.0, help="per-device budget: mean messages (16)"
+    )
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(handler=plan_command)
 
@@ -241,7 +250,7 @@ def _alternative_lines(plan: Plan) -> list[str]:
 def plan_command(args: argparse.Namespace) -> int:
     """``privacy plan``: print or emit the plan."""
     _check_limits(args)
-    from deniable.core.accounting.planner import plan
+    from deniable.core.accounting.planner import DeviceBudget, plan
 
     chosen = plan(
         args.target_epsilon,
@@ -250,6 +259,7 @@ def plan_command(args: argparse.Namespace) -> int:
         args.domain,
         mechanisms=args.mechanism,
         require_local_dp=args.require_local_dp,
+        budget=DeviceBudget(args.max_bytes_per_device, args.max_messages_per_device),
     )
     if args.json:
         print(render.dumps(chosen.to_dict()))

@@ -30,7 +30,7 @@ class ProtocolConfig:
     n: int = 100_000
     epsilon: float = 1.0
     delta: float = 1e-6
-    mechanisms: tuple[str, ...] = ("multi_message_histogram", "balcer_cheu_histogram")
+    mechanisms: tuple[str, ...] = ("flooded_histogram", "multi_message_histogram", "balcer_cheu_histogram")
     domains: tuple[int, ...] = (2, 32, 1024)
     timed_messages: int = 20_000
 

@@ -36,13 +36,18 @@ def test_plan_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -
         assert key in data, key
     assert data["delta"] == 1e-6 and data["n"] == 5000 and data["domain_size"] == 4
     assert isinstance(data["epsilon"], float) and data["epsilon"] <= 1.0
-    # issue 15: the near-central multi_message_histogram (shuffle-only, epsilon0 = the target) now wins
-    assert data["mechanism"] == "multi_message_histogram" and data["local_guarantee"] is False
+    # issue 22: the most accurate candidate within 4 kB and 16 messages per device wins: the
+    # near-central flooded_histogram (about 4 messages), not the 33-message multi_message_histogram
+    assert data["mechanism"] == "flooded_histogram" and data["local_guarantee"] is False
     assert isinstance(data["epsilon0"], float) and data["epsilon0"] == 1.0
     candidates = data["candidates"]
     assert isinstance(candidates, list)
     assert sorted(c["mechanism"] for c in candidates) == mechanisms.names()
-    feasible = [c for c in candidates if c["feasible"]]
+    feasible = [
+        c
+        for c in candidates
+        if c["feasible"] and c["messages_per_device"] <= 16 and c["bytes_per_device"] <= 4096
+    ]
     assert data["expected_std_error"] == min(c["expected_std_error"] for c in feasible)
     laplace = data["central_laplace"]
     assert isinstance(laplace, dict)
@@ -317,3 +322,13 @@ def test_amplify_builds_shuffle_only_protocols_for_n(capsys: pytest.CaptureFixtu
     )
     assert data["local_privacy"] is False and data["amplified"] is True
     assert 0.99 < float(data["epsilon"]) <= 1.0 and "Polya" in str(data["analysis"])
+
+
+def test_plan_budget_flags_let_the_costly_protocol_win(capsys: pytest.CaptureFixture[str]) -> None:
+    """Raising the per-device budget picks the most accurate candidate whatever its cost."""
+    data = _json_out(
+        capsys, "privacy", "plan", "--target-epsilon", "1", "--delta", "1e-6", "--n", "5000", "--domain", "4",
+        "--mechanism", "flooded_histogram", "--mechanism", "multi_message_histogram",
+        "--max-messages-per-device", "1000", "--max-bytes-per-device", "1e9", "--json",
+    )  # fmt: skip
+    assert data["mechanism"] == "multi_message_histogram"

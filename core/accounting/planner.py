@@ -47,6 +47,19 @@ TRUTH_ASSUMPTION: Final = (
 NEIGHBOURING: Final = "replace-one (one device changes its value, n fixed), as in the shuffle analyses"
 
 
+@dataclass(frozen=True)
+class DeviceBudget:
+    """What one device may send: sealed bytes and messages (means, as ``device_cost`` gives them)."""
+
+    max_bytes: float = 4096.0
+    max_messages: float = 16.0
+
+    def fits(self, candidate: Candidate) -> bool:
+        """True when the candidate's mean cost is within the budget (unknown cost: fits)."""
+        over_bytes = candidate.bytes_per_device > self.max_bytes
+        return not (over_bytes or candidate.messages_per_device > self.max_messages)
+
+
 class PlanningError(ValueError):
     """No registered mechanism (or not the requested one) meets the target at this n."""
 
@@ -469,8 +482,11 @@ def plan(
     mechanisms: Iterable[str] | None = None,
     params: Mapping[str, float] | None = None,
     require_local_dp: bool = False,
+    budget: DeviceBudget | None = None,
 ) -> Plan:
-    """Every candidate's largest epsilon0 meeting the target at n; the smallest std error wins.
+    """Every candidate's largest epsilon0 meeting the target at n; the smallest std error WITHIN the
+    per-device budget wins (``budget``: default 4 kB sealed and 16 messages per device; a candidate
+    over it is chosen only when none fits). docs/planner.md, ADR 0035.
 
     ``mechanisms`` limits the candidates (default: every registered one); ``params`` fixes
     mechanism parameters (only sensible with one mechanism); ``require_local_dp`` keeps only local
@@ -483,7 +499,10 @@ def plan(
     if require_local_dp:
         names = [name for name in names if registry.mechanism_class(name).local_privacy]
     candidates = [best_configuration(name, target_epsilon, delta, n, domain_size, params) for name in names]
-    ranked = sorted(candidates, key=lambda c: (not c.feasible, c.expected_std_error, c.mechanism))
+    limit = budget or DeviceBudget()
+    ranked = sorted(
+        candidates, key=lambda c: (not c.feasible, not limit.fits(c), c.expected_std_error, c.mechanism)
+    )
     best = ranked[0] if ranked else None
     if best is None or not best.feasible:
         reasons = "; ".join(f"{c.mechanism}: {c.note}" for c in candidates) or "no mechanism given"

@@ -598,3 +598,28 @@ def multi_histogram_guarantee(
         f" split-and-mix m={m}, q={q}: TV <= {eta:.3g} per bucket (x 2 (1 + e^eps))"
     )
     return AmplificationBound(epsilon, delta, MULTI_HISTOGRAM, True, note)
+
+
+# =========================================================================== flooded histogram
+
+FLOODED_HISTOGRAM = "flooded histogram: exact two-bucket profile of the (+1, -1) counts per bucket"
+
+
+@functools.lru_cache(maxsize=256)
+def flooded_histogram_guarantee(
+    n: int, p: float, rate: float, shares: int, delta: float
+) -> AmplificationBound:
+    """Smallest eps with the exact two-bucket profile (``_flooded.flooded_delta``) <= delta at n."""
+    from deniable.core.amplification._flooded import flooded_delta
+
+    _check_delta(delta)
+    if n < 1:
+        return not_applicable(FLOODED_HISTOGRAM, "no devices")
+    epsilon = _first_crossing(lambda eps: flooded_delta(n, shares, p, rate, eps), delta)
+    if math.isinf(epsilon):
+        return not_applicable(FLOODED_HISTOGRAM, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
+    note = (
+        f"per bucket +1: S + N1 + F, -1: N2 + F; N ~ NB(n/{shares}, a), P[draw > 0]={p:.6g};"
+        f" F ~ Bin(n={n}, {rate:.6g}); two buckets composed exactly"
+    )
+    return AmplificationBound(epsilon, delta, FLOODED_HISTOGRAM, True, note)

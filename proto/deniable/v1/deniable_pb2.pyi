@@ -56,6 +56,8 @@ class _MechanismEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enum
     """multi-message summation, Bernoulli shares (finite exact law)"""
     MULTI_MESSAGE_HISTOGRAM: _Mechanism.ValueType  # 13
     """shufonly: one split-and-mix Polya sum per bucket, shared presence"""
+    FLOODED_HISTOGRAM: _Mechanism.ValueType  # 14
+    """shufonly: +1/-1 Polya noise messages and flood pairs per bucket, presence"""
 
 class Mechanism(_Mechanism, metaclass=_MechanismEnumTypeWrapper):
     """Local randomiser of a campaign. Values are stable: new mechanisms append."""
@@ -87,6 +89,8 @@ MULTI_MESSAGE_SUM_BINOMIAL: Mechanism.ValueType  # 12
 """multi-message summation, Bernoulli shares (finite exact law)"""
 MULTI_MESSAGE_HISTOGRAM: Mechanism.ValueType  # 13
 """shufonly: one split-and-mix Polya sum per bucket, shared presence"""
+FLOODED_HISTOGRAM: Mechanism.ValueType  # 14
+"""shufonly: +1/-1 Polya noise messages and flood pairs per bucket, presence"""
 Global___Mechanism: typing_extensions.TypeAlias = Mechanism
 
 class _DomainKind:

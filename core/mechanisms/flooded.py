@@ -1,0 +1,231 @@
+"""Flooded histogram: central accuracy in about two messages per device at d = 32.
+
+Messages are "+1 at j" (value j), "-1 at j" (value d + j) and one constant presence message
+(value 2d). A device with value x sends, for every bucket j:
+  "+1 at j" 1{x = j} + N1_j + F_j times and "-1 at j" N2_j + F_j times,
+with N1_j, N2_j ~ NB(1/expected_n, a) exact Polya draws (Balle, Bell, Gascon, Nissim CCS 2020)
+and F_j ~ Bernoulli(r) a "flood" pair that cancels in the estimate. The analyser's estimate
+c(+1, j) - c(-1, j) = x_j + (sum N1_j - sum N2_j): at expected_n devices the noise is exactly
+discrete Laplace, unbiased, variance n Var(N1 - N2) (the same noise as multi_message_histogram).
+The flood hides how much of the "-1" count is noise: without it the "-1" count would reveal
+sum N2 and the "+1" count's noise would be one-sided. The idea is Ghazi, Kumar, Manurangsi,
+Pagh (ICML 2020, "private counting from anonymous messages") and Ghazi, Kumar, Manurangsi,
+Pagh, Sinha (ICML 2021): correlated +1/-1 noise messages; the analysis here is our own exact
+two-bucket profile (``amplification._flooded``). Expected messages: 2 + 2 d (r + P[N > 0]).
+Local guarantee: none (the own "+1" is sent in the clear, sealed only to the aggregator).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from deniable.core.amplification.grid_search import climb_until_met, smallest_meeting
+from deniable.core.amplification.protocols import (
+    GRID,
+    GRID_BITS,
+    flooded_histogram_guarantee,
+    grid_up,
+    polya_law,
+)
+from deniable.core.amplification.shuffle import AmplificationBound
+from deniable.core.mechanisms.base import Estimate, FloatArray, LocalRandomiser, Tally
+from deniable.core.mechanisms.sample_threshold import (
+    DEFAULT_DELTA,
+    int_param,
+    pack_many,
+    probability_param,
+    unpack_many,
+    width_for,
+)
+from deniable.core.mechanisms.split_and_mix import PolyaNoise, given_noise
+from deniable.core.rng import Csprng, default_rng
+from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from deniable.core.lazy import numpy as np
+
+MAX_BUCKETS = 4096
+DEFAULT_FLOOD = 1000.0  # expected flood pairs per bucket at expected_n: 1.12x central at n = 1e5
+
+
+class FloodedHistogram(PolyaNoise, LocalRandomiser):
+    """Per bucket +1 (own value + Polya noise + flood), -1 (Polya noise + flood); one presence."""
+
+    name = "flooded_histogram"
+    proto = pb.FLOODED_HISTOGRAM
+    summary = "flooded histogram: +1/-1 Polya noise messages and cancelling flood pairs; near-central error"
+    multi_message = True
+    local_privacy = False
+    manipulation_unbounded = (
+        "unbounded: a fake device may send any number of +1 or -1 messages (the count varies by"
+        " design), so it can move every bucket's estimate by any amount"
+    )
+
+    def __init__(
+        self,
+        epsilon0: float,
+        domain_size: int,
+        expected_n: float = 0.0,
+        delta: float = DEFAULT_DELTA,
+        flood: float | None = None,
+        noise_probability: float | None = None,
+    ) -> None:
+        """epsilon0: central target at expected_n; flood: expected pairs per bucket at expected_n
+        (default min(1000, expected_n / 4))."""
+        super().__init__(epsilon0, domain_size)
+        if domain_size > MAX_BUCKETS:
+            raise ValueError(f"flooded_histogram supports at most {MAX_BUCKETS} buckets")
+        self.expected_n = int_param(expected_n, "expected_n", 2, 1 << 32)
+        self.delta = probability_param(delta, "delta")
+        if flood is None:
+            flood = min(DEFAULT_FLOOD, self.expected_n / 4)
+        if not 0 <= float(flood) <= self.expected_n / 2:
+            raise ValueError(f"flood must lie in [0, expected_n / 2], got {flood!r}")
+        self._flood_threshold = grid_up(float(flood) / self.expected_n)
+        self.flood_rate = Fraction(self._flood_threshold, GRID)
+        numerator = self._smallest_noise() if noise_probability is None else given_noise(noise_probability)
+        self.noise = Fraction(numerator, GRID)
+        self._check_noise()
+
+    def parameters(self) -> dict[str, float]:
+        return {
+            "expected_n": float(self.expected_n),
+            "delta": self.delta,
+            "flood": float(self.flood_rate) * self.expected_n,
+            "noise_probability": float(self.noise),
+        }
+
+    # ----------------------------------------------------------------------- privacy
+
+    def _bound(self, n: int, numerator: int, delta: float) -> AmplificationBound:
+        return flooded_histogram_guarantee(
+            int(n), numerator / GRID, float(self.flood_rate), self.expected_n, delta
+        )
+
+    def _meets(self, numerator: int) -> bool:
+        from deniable.core.amplification._flooded import flooded_delta
+
+        p, rate = numerator / GRID, float(self.flood_rate)
+        return flooded_delta(self.expected_n, self.expected_n, p, rate, self.epsilon0) <= self.delta
+
+    def _smallest_noise(self) -> int:
+        """Smallest p = g / 2**52 (to 1/128 relative) whose exact profile meets epsilon0 at expected_n."""
+        target = -math.expm1(math.log(-math.expm1(-self.epsilon0 / 2)) / self.expected_n)
+        hi = climb_until_met(self._meets, grid_up(target), GRID // 2)
+        if hi is None:
+            raise ValueError(
+                f"no Polya noise reaches epsilon0={self.epsilon0:g} at expected_n={self.expected_n}"
+                f" with flood {float(self.flood_rate) * self.expected_n:g}"
+            )
+        lo = hi // 2
+        while lo > 0 and self._meets(lo):
+            hi, lo = lo, lo // 2
+        return smallest_meeting(self._meets, lo, hi)
+
+    def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
+        """The exact two-bucket profile at the real n (no monotonicity in n assumed)."""
+        return self._bound(int(n), self.noise.numerator * (GRID // self.noise.denominator), delta)
+
+    def privacy_profile(self, n: int, epsilon: float) -> float:
+        from deniable.core.amplification._flooded import flooded_delta
+
+        if int(n) < 1:
+            return 1.0
+        return flooded_delta(int(n), self.expected_n, float(self.noise), float(self.flood_rate), epsilon)
+
+    # ----------------------------------------------------------------------- messages
+
+    @property
+    def presence(self) -> int:
+        return 2 * self.domain_size
+
+    @property
+    def payload_length(self) -> int:
+        return width_for(self.presence)
+
+    @property
+    def count_cells(self) -> int:
+        return self.presence + 1  # +1 counts, -1 counts, presence
+
+    @property
+    def expected_messages(self) -> float:
+        """2 (own +1, presence) + 2 d (r + P[Polya draw > 0])."""
+        return 2 + 2 * self.domain_size * (float(self.flood_rate) + float(self.noise))
+
+    @property
+    def max_messages_per_device(self) -> int | None:
+        """Unbounded: Polya draws have infinite support."""
+        return None
+
+    def devices(self, counts: Sequence[int], messages: int) -> int:
+        return int(counts[self.presence])
+
+    def _message_counts(self, values: np.ndarray, rng: Csprng) -> np.ndarray:
+        """(devices, 2 d + 1): how many of each message value every device sends."""
+        rows, d = values.size, self.domain_size
+        noise = rng.polya_many(self.noise, self.expected_n, 2 * rows * d).reshape(rows, 2 * d)
+        draws = rng.uint64_array(rows * d).reshape(rows, d) >> np.uint64(64 - GRID_BITS)
+        flood = (draws < np.uint64(self._flood_threshold)).astype(np.int64)
+        counts = np.concatenate((noise + np.tile(flood, 2), np.ones((rows, 1), dtype=np.int64)), axis=1)
+        counts[np.arange(rows), values] += 1
+        return counts
+
+    def _payloads(self, counts: np.ndarray) -> list[bytes]:
+        """Messages in ascending value order (presence last), back to back."""
+        width, cells = self.payload_length, self.count_cells
+        flat = pack_many(np.repeat(np.tile(np.arange(cells), counts.shape[0]), counts.ravel()), width)
+        ends = np.cumsum(counts.sum(axis=1))
+        starts = np.concatenate(([0], ends[:-1]))
+        return [b"".join(flat[s:e]) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+    def randomise(self, value: int, rng: Csprng | None = None) -> bytes:
+        self.check_value(value)
+        return self._payloads(self._message_counts(np.array([int(value)]), rng or default_rng()))[0]
+
+    def randomise_many(self, values: Sequence[int], rng: Csprng | None = None) -> list[bytes]:
+        array = self.checked_values(values)
+        return self._payloads(self._message_counts(array, rng or default_rng())) if array.size else []
+
+    def output_distribution(self, value: int) -> dict[bytes, Fraction]:
+        raise ValueError(f"{self.name}: the device's noise has infinite support; no finite exact law")
+
+    def tally(self, payloads: Sequence[bytes]) -> Tally:
+        values, bad_length = unpack_many(payloads, self.payload_length)
+        invalid = bad_length | (values > self.presence)
+        counts = np.bincount(values[~invalid], minlength=self.count_cells).astype(np.int64)
+        return Tally(counts=counts, invalid=invalid)
+
+    # ----------------------------------------------------------------------- estimator
+
+    def noise_half_width(self, n: int, confidence: float) -> int:
+        """Smallest h with P[|W| <= h] >= confidence for one bucket's exact total noise W."""
+        if not 0 < confidence < 1:
+            raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+        offset, pmf, neglected = polya_law(int(n), self.expected_n, float(self.noise))
+        centre = -offset
+        inside = np.cumsum(pmf[centre:] + np.concatenate(([0.0], pmf[centre - 1 :: -1])))
+        reached = np.flatnonzero(inside >= confidence + neglected)
+        return int(reached[0]) if reached.size else len(inside)
+
+    def estimate(self, counts: Sequence[int], n: int, confidence: float = 0.95) -> list[Estimate]:
+        """c(+1, j) - c(-1, j): exactly unbiased; interval from the exact noise quantile."""
+        if len(counts) != self.count_cells:
+            raise ValueError(f"expected {self.count_cells} counts, got {len(counts)}")
+        d = self.domain_size
+        plus = np.asarray(counts[:d], dtype=np.int64)
+        sums = plus - np.asarray(counts[d : 2 * d], dtype=np.int64)
+        se = math.sqrt(n * self.noise_variance_per_device)
+        half = self.noise_half_width(n, confidence)
+        return [
+            Estimate(int(raw), float(s), se, float(s - half), float(s + half))
+            for raw, s in zip(plus.tolist(), sums.tolist(), strict=True)
+        ]
+
+    def variance(self, true_counts: Sequence[float] | FloatArray, n: int) -> FloatArray:
+        """Var = n Var[y - y'] for every bucket, whatever the truth (the flood cancels exactly)."""
+        return np.full(len(true_counts), n * self.noise_variance_per_device, dtype=np.float64)
