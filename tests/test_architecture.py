@@ -41,6 +41,7 @@ FOLDERS = {
     "cli": "deniable.cli",
     "admin": "deniable.admin",
     "sim": "deniable.sim",
+    "console": "deniable.console",
 }
 SHUFFLER_FORBIDDEN = (
     "deniable.core.mechanisms",
