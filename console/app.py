@@ -7,6 +7,7 @@ and each one shows a confirmation page before it runs.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("console_session", default=None)
+"""The current request's session id (the middleware sets it; handlers run in its context)."""
 
 
 @dataclass
@@ -53,8 +56,7 @@ STATE: web.AppKey[Console] = web.AppKey("console", Console)
 
 def _session(request: web.Request) -> str | None:
     """The request's session id (set by the middleware)."""
-    value = request.get("session")
-    return value if isinstance(value, str) else None
+    return _SESSION.get()
 
 
 @web.middleware
@@ -64,7 +66,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     assert console.sessions is not None
     session = request.cookies.get(COOKIE)
     fresh = session is None
-    request["session"] = session = session or console.sessions.new_id()
+    session = session or console.sessions.new_id()
+    _SESSION.set(session)
     response = await _checked(request, handler, console, session)
     response.headers.update(SECURITY_HEADERS)
     if fresh:
@@ -178,10 +181,11 @@ def _csrf(request: web.Request) -> str:
 async def static(request: web.Request) -> web.StreamResponse:
     """The stylesheet and the script, from the package."""
     name = request.match_info["name"]
-    if name not in ("console.css", "console.js"):
+    kinds = {"console.css": "text/css", "console.js": "text/javascript", "favicon.svg": "image/svg+xml"}
+    if name not in kinds:
         raise web.HTTPNotFound()
     body = resources.files("deniable.console").joinpath("static", name).read_bytes()
-    kind = "text/css" if name.endswith(".css") else "text/javascript"
+    kind = kinds[name]
     return web.Response(body=body, content_type=kind, headers={"Cache-Control": "max-age=300"})
 
 

@@ -50,6 +50,7 @@ def layout(page: Page, path: str, read_only: bool) -> str:
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(page.title)} · Deniable console</title>"
+        '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">'
         '<link rel="stylesheet" href="/static/console.css">'
         '<script src="/static/console.js" defer></script></head>'
         f'<body><header><strong>Deniable</strong> operator console <nav aria-label="pages">{links}</nav>'

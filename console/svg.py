@@ -136,6 +136,7 @@ def line_chart(
             if math.isfinite(y):
                 parts.append(f'<circle class="dot {cls}" cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="3"/>')
         parts.append(
-            f'<text class="legend {cls}" x="{LEFT + 10}" y="{TOP + 14 * (index + 1)}">{escape(name)}</text>'
+            f'<text class="legend {cls}" x="{WIDTH - RIGHT - 8}" y="{TOP + 14 * (index + 1)}"'
+            f' text-anchor="end">{escape(name)}</text>'
         )
     return _svg(title, parts)
