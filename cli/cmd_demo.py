@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import contextlib
 from pathlib import Path
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from deniable.cli.options import Subparsers, add_mqtt_options, mqtt_tls, positive_float, positive_int
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.mqtt import BrokerAddress
+
+if TYPE_CHECKING:
+    from deniable.sim.demo import Hold
+    from deniable.sim.local import LocalServices
 
 
 def register(sub: Subparsers) -> None:
@@ -37,6 +44,15 @@ def register(sub: Subparsers) -> None:
     demo.add_argument(
         "--mqtt-insecure", action="store_true", help="plaintext to the MQTT broker (tests only)"
     )
+    demo.add_argument(
+        "--console",
+        default=None,
+        nargs="?",
+        const="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="after counting, keep the services and serve the operator console here until Ctrl-C"
+        " (default 127.0.0.1:8080; loopback only)",
+    )
     demo.set_defaults(handler=run)
 
 
@@ -44,6 +60,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; it prints its own report as it goes."""
     from deniable.sim.demo import run_demo
 
+    with contextlib.suppress(KeyboardInterrupt):
+        _run(args, run_demo)
+    return 0
+
+
+def _run(args: argparse.Namespace, run_demo: Callable[..., object]) -> None:
+    """``run_demo`` with the options (a function of its own: Ctrl-C ends ``--console``)."""
     run_demo(
         args.devices,
         args.epsilon0,
@@ -57,8 +80,24 @@ def run(args: argparse.Namespace) -> int:
         mqtt_broker=_broker(args),
         mqtt_prefix=args.mqtt_prefix,
         mqtt_insecure=args.mqtt_insecure,
+        hold=None if args.console is None else _console(args.console),
     )
-    return 0
+
+
+def _console(listen: str) -> Hold:
+    """``--console``: serve ``deniable.console`` over the demo's services until Ctrl-C."""
+    from deniable.console.server import demo_console
+
+    async def hold(services: LocalServices) -> None:
+        await demo_console(
+            services.aggregator.address,
+            services.certs.ca,
+            (services.certs.cert("operator"), services.certs.key("operator")),
+            services.shuffler.operator_address,
+            listen,
+        )
+
+    return hold
 
 
 def _broker(args: argparse.Namespace) -> BrokerAddress | None:

@@ -87,3 +87,18 @@ async def run_console(config: ConsoleConfig, announce: bool = True) -> None:
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+async def demo_console(
+    aggregator: str, ca: Path, operator: tuple[Path, Path], shuffler_operator: str | None, listen: str
+) -> None:
+    """``deniable demo --console``: read-only over the demo's services, until Ctrl-C.
+
+    Ctrl-C (the task cancelled) returns normally, so the demo goes on to print its tables and
+    stops its services in order.
+    """
+    tls = ClientTls(ca=ca, cert=operator[0], key=operator[1])
+    try:
+        await run_console(ConsoleConfig(aggregator, tls, shuffler_operator, listen=listen))
+    except asyncio.CancelledError:
+        print("console stopped", flush=True)
