@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
-from pathlib import Path
+import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deniable.cli.options import Subparsers, add_mqtt_options, mqtt_tls, positive_float, positive_int

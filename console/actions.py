@@ -17,7 +17,8 @@ def _summary(name: str, form: dict[str, str]) -> tuple[str, str]:
     campaign = form.get("campaign", "")
     texts = {
         "create": (
-            f"Create campaign {form.get('id', '')!r} ({form.get('kind', '')}, ε0 = {form.get('epsilon0', '')},"
+            f"Create campaign {form.get('id', '')!r} ({form.get('kind', '')},"
+            f" ε0 = {form.get('epsilon0', '')},"
             f" n_min = {form.get('n_min', '0') or '0'}): devices may start reporting to it.",
             "/",
         ),

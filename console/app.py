@@ -24,7 +24,8 @@ from deniable.console.planner import form_html, parse_form, plan_page
 log = logging.getLogger("deniable.console")
 COOKIE = "deniable_console"
 SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self';"
+    " img-src 'self' data:;"
     " frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",

@@ -68,7 +68,8 @@ def check_listen(host: str, https: bool, login: bool) -> None:
         if not given
     )
     raise ConfigurationError(
-        f"refusing to listen on {host} (not loopback) without {missing}: operators' data would be open to the network"
+        f"refusing to listen on {host} (not loopback) without {missing}:"
+        " operators' data would be open to the network"
     )
 
 

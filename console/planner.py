@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
@@ -22,7 +22,7 @@ DEFAULT_MECHANISMS = ("grr", "oue", "olh")
 
 def parse_form(query: Mapping[str, str], mechanisms: list[str]) -> dict[str, Any]:
     """The form's values, checked; ValueError in one line for a bad one."""
-    values = {
+    values: dict[str, Any] = {
         "target_epsilon": float(query.get("target_epsilon", "1")),
         "delta": float(query.get("delta", "1e-6")),
         "n": int(float(query.get("n", "10000"))),
@@ -67,7 +67,7 @@ async def plan_page(values: dict[str, Any]) -> Page:
         *(asyncio.to_thread(_candidates, e, delta, n, domain, mechanisms) for e in grid)
     )
     at_target = runs[1]
-    series = {
+    series: dict[str, Sequence[tuple[float, float]]] = {
         name: [
             (e, c[i].expected_std_error if c[i].feasible else math.inf)
             for e, c in zip(grid, runs, strict=True)
@@ -105,15 +105,18 @@ def form_html(values: Mapping[str, Any], error: str = "") -> str:
         ("p-domain", "domain", "domain size k (2: binary)", values.get("domain", 4), 'min="2"'),
     )
     inputs = "".join(
-        f'<p><label for="{i}">{label}</label> <input id="{i}" name="{name}" type="number" value="{escape(str(v))}" {extra} required></p>'
+        f'<p><label for="{i}">{label}</label> <input id="{i}" name="{name}" type="number"'
+        f' value="{escape(str(v))}" {extra} required></p>'
         for i, name, label, v, extra in fields
     )
     chosen = set(values.get("mechanisms", DEFAULT_MECHANISMS))
     boxes = "".join(
-        f'<label><input type="checkbox" name="mechanism" value="{escape(m)}"{" checked" if m in chosen else ""}> {escape(m)}</label> '
+        f'<label><input type="checkbox" name="mechanism" value="{escape(m)}"'
+        f"{' checked' if m in chosen else ''}> {escape(m)}</label> "
         for m in registry.names()
     )
     return (
         f'{err}<form method="get" action="/planner">{inputs}<fieldset><legend>Mechanisms (slow ones take'
-        f' minutes)</legend>{boxes}</fieldset><p><button type="submit" name="plan" value="1">Plan</button></p></form>'
+        f" minutes)</legend>{boxes}</fieldset>"
+        '<p><button type="submit" name="plan" value="1">Plan</button></p></form>'
     )

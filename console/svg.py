@@ -32,7 +32,7 @@ def ticks(low: float, high: float, count: int = 5) -> list[float]:
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     first = math.floor(low / step) * step
-    return [first + i * step for i in range(int(math.ceil((high - first) / step)) + 1)]
+    return [first + i * step for i in range(math.ceil((high - first) / step) + 1)]
 
 
 def _fmt(value: float) -> str:
@@ -102,11 +102,13 @@ def interval_chart(rows: Sequence[Interval], title: str, y_label: str) -> str:
             f' y2="{frame.y(row.sim_high):.1f}"/>'
         )
         parts.append(
-            f'<line class="ci" x1="{x:.1f}" x2="{x:.1f}" y1="{frame.y(row.low):.1f}" y2="{frame.y(row.high):.1f}"/>'
+            f'<line class="ci" x1="{x:.1f}" x2="{x:.1f}" y1="{frame.y(row.low):.1f}"'
+            f' y2="{frame.y(row.high):.1f}"/>'
         )
         parts.append(f'<circle class="est" cx="{x:.1f}" cy="{frame.y(row.estimate):.1f}" r="4"/>')
         parts.append(
-            f'<text class="tick" x="{x:.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape(row.label[:16])}</text>'
+            f'<text class="tick" x="{x:.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">'
+            f"{escape(row.label[:16])}</text>"
         )
     return _svg(title, parts)
 
@@ -126,7 +128,8 @@ def line_chart(
     parts = frame.axes(x_label, y_label)
     for x in xs:
         parts.append(
-            f'<text class="tick" x="{frame.x(x):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{_fmt(x)}</text>'
+            f'<text class="tick" x="{frame.x(x):.1f}" y="{HEIGHT - BOTTOM + 16}"'
+            f' text-anchor="middle">{_fmt(x)}</text>'
         )
     for index, (name, line) in enumerate(series.items()):
         cls = f"s{index % 6}"

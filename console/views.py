@@ -177,7 +177,10 @@ async def campaign_page(backend: Backend, campaign_id: str, csrf: str, allow_act
         f"Estimated count per bucket of {campaign_id}",
         "estimated count (devices)",
     )
-    legend = '<p class="legend-text">Dot: estimate · thick bar: 95% CI · thin bar: simultaneous 95% CI (Bonferroni over the buckets).</p>'
+    legend = (
+        '<p class="legend-text">Dot: estimate · thick bar: 95% CI · thin bar: simultaneous 95% CI'
+        " (Bonferroni over the buckets).</p>"
+    )
     info = campaign_dict(campaign)
     key_state = next((k.state for k in (await backend.keys()).keys if k.key_id == campaign.key_id), "unknown")
     facts = definition_list(
@@ -187,7 +190,8 @@ async def campaign_page(backend: Backend, campaign_id: str, csrf: str, allow_act
             ("Kind and mechanism", f"{info['kind']}, {info['mechanism']}"),
             (
                 "Window",
-                f"{when(campaign.window_start_unix)} to {when(campaign.window_end_unix) if campaign.window_end_unix else 'no end'}",
+                f"{when(campaign.window_start_unix)} to "
+                + (when(campaign.window_end_unix) if campaign.window_end_unix else "no end"),
             ),
             ("Key", f"{campaign.key_id} ({key_state}), {campaign.hpke_suite}"),
         ]

@@ -197,7 +197,7 @@ async def run_pipeline(
     n_min = max(1, min(1000, devices))
     campaigns = demo_campaigns(devices, epsilon0, mechanism, n_min, target_epsilon, delta)
     ingress = None if mqtt_broker is None else MqttIngressConfig(broker=mqtt_broker, prefix=mqtt_prefix)
-    operator_port = {} if hold is None else {"operator_listen": "127.0.0.1:0"}
+    operator_port: dict[str, Any] = {} if hold is None else {"operator_listen": "127.0.0.1:0"}
     async with local_services(workdir, ingress, **operator_port) as services:
         for campaign in campaigns:  # planning takes a few seconds
             campaign.created = await services.create_campaign(campaign.request)

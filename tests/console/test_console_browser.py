@@ -29,8 +29,14 @@ from deniable.v1 import deniable_pb2 as pb
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 playwright_api = pytest.importorskip("playwright.async_api", reason="the [dev] extra installs playwright")
 
@@ -39,9 +45,18 @@ playwright_api = pytest.importorskip("playwright.async_api", reason="the [dev] e
 async def deployment(tmp_path: Path) -> AsyncIterator[tuple[LocalServices, ClientTls]]:
     """Real services with two campaigns: ``colours`` counted and closed, ``lights`` still collecting."""
     async with local_services(tmp_path / "svc", operator_listen="127.0.0.1:0") as services:
-        operator = ClientTls(ca=services.certs.ca, cert=services.certs.cert("operator"), key=services.certs.key("operator"))
-        colours = CampaignSpec(id="colours", question="Favourite colour?", kind="categorical",
-                               labels=["red", "green", "blue"], mechanism="grr", epsilon0=2.0, n_min=50)
+        operator = ClientTls(
+            ca=services.certs.ca, cert=services.certs.cert("operator"), key=services.certs.key("operator")
+        )
+        colours = CampaignSpec(
+            id="colours",
+            question="Favourite colour?",
+            kind="categorical",
+            labels=["red", "green", "blue"],
+            mechanism="grr",
+            epsilon0=2.0,
+            n_min=50,
+        )
         lights = CampaignSpec(id="lights", question="Lights on?", kind="binary", epsilon0=1.0, n_min=10_000)
         await services.create_campaign(colours.request(0))
         await services.create_campaign(lights.request(0))
@@ -65,7 +80,11 @@ async def _visit(page: Any, url: str, weights: dict[str, Any], name: str) -> Non
     paint = await page.evaluate(
         "() => (performance.getEntriesByName('first-contentful-paint')[0] || {startTime: -1}).startTime"
     )
-    weights[name] = {"bytes": sum(sizes), "requests": len(sizes), "first_contentful_paint_ms": round(paint, 1)}
+    weights[name] = {
+        "bytes": sum(sizes),
+        "requests": len(sizes),
+        "first_contentful_paint_ms": round(paint, 1),
+    }
 
 
 async def _labelled(page: Any) -> None:
@@ -84,12 +103,28 @@ async def _numbers_match(page: Any, answer: pb.QueryResponse, together: pb.Query
     assert await rows.count() == len(answer.buckets)
     for index, (bucket, sim) in enumerate(zip(answer.buckets, together.buckets, strict=True)):
         row = rows.nth(index)
-        shown = {key: await row.locator(f'[data-key="{key}"]').inner_text() for key in
-                 ("bucket", "raw_count", "estimate", "std_error", "ci_low", "ci_high", "sim_ci_low", "sim_ci_high")}
+        shown = {
+            key: await row.locator(f'[data-key="{key}"]').inner_text()
+            for key in (
+                "bucket",
+                "raw_count",
+                "estimate",
+                "std_error",
+                "ci_low",
+                "ci_high",
+                "sim_ci_low",
+                "sim_ci_high",
+            )
+        }
         assert shown == {
-            "bucket": bucket.label, "raw_count": str(bucket.raw_count), "estimate": f"{bucket.estimate:.1f}",
-            "std_error": f"{bucket.std_error:.1f}", "ci_low": f"{bucket.ci_low:.1f}",
-            "ci_high": f"{bucket.ci_high:.1f}", "sim_ci_low": f"{sim.ci_low:.1f}", "sim_ci_high": f"{sim.ci_high:.1f}",
+            "bucket": bucket.label,
+            "raw_count": str(bucket.raw_count),
+            "estimate": f"{bucket.estimate:.1f}",
+            "std_error": f"{bucket.std_error:.1f}",
+            "ci_low": f"{bucket.ci_low:.1f}",
+            "ci_high": f"{bucket.ci_high:.1f}",
+            "sim_ci_low": f"{sim.ci_low:.1f}",
+            "sim_ci_high": f"{sim.ci_high:.1f}",
         }
 
 
@@ -97,13 +132,20 @@ async def test_every_page_in_chromium(deployment: tuple[LocalServices, ClientTls
     if not Path(CHROMIUM).exists():
         pytest.fail("Debian's chromium is missing: scripts/system-deps.sh installs it", pytrace=False)
     services, operator = deployment
-    config = ConsoleConfig(services.aggregator.address, operator, services.shuffler.operator_address,
-                           listen="127.0.0.1:0", allow_actions=True)
+    config = ConsoleConfig(
+        services.aggregator.address,
+        operator,
+        services.shuffler.operator_address,
+        listen="127.0.0.1:0",
+        allow_actions=True,
+    )
     runner, url = await start_console(config)
     agg = services.aggregator.address
     request = pb.QueryRequest(campaign_id="colours", confidence=0.95)
     answer = await query(agg, request, operator)
-    together = await query(agg, pb.QueryRequest(campaign_id="colours", confidence=0.95, simultaneous=True), operator)
+    together = await query(
+        agg, pb.QueryRequest(campaign_id="colours", confidence=0.95, simultaneous=True), operator
+    )
     weights: dict[str, Any] = {}
     errors: list[str] = []
     shots = tmp_path / "screenshots"
@@ -120,13 +162,21 @@ async def test_every_page_in_chromium(deployment: tuple[LocalServices, ClientTls
         await runner.cleanup()
     assert errors == []
     for name, weight in weights.items():
-        print(f"console page {name}: {weight['bytes']} bytes in {weight['requests']} requests,"
-              f" first contentful paint {weight['first_contentful_paint_ms']} ms")
+        print(
+            f"console page {name}: {weight['bytes']} bytes in {weight['requests']} requests,"
+            f" first contentful paint {weight['first_contentful_paint_ms']} ms"
+        )
     _keep_screenshots(shots)
 
 
-async def _pages(page: Any, url: str, answer: pb.QueryResponse, together: pb.QueryResponse,
-                 weights: dict[str, Any], shots: Path) -> None:
+async def _pages(
+    page: Any,
+    url: str,
+    answer: pb.QueryResponse,
+    together: pb.QueryResponse,
+    weights: dict[str, Any],
+    shots: Path,
+) -> None:
     """Campaigns, one campaign, keys, planner: content, labels, numbers, screenshots."""
     await _visit(page, url, weights, "campaigns")
     table = page.locator("#t-campaigns")
@@ -179,7 +229,12 @@ async def _actions_and_csrf(page: Any, url: str) -> None:
 
 def _keep_screenshots(shots: Path) -> None:
     """Copy the screenshots where $DENIABLE_CONSOLE_SCREENSHOTS says (regenerating docs/console/)."""
-    assert sorted(p.name for p in shots.glob("*.png")) == ["campaign.png", "campaigns.png", "keys.png", "planner.png"]
+    assert sorted(p.name for p in shots.glob("*.png")) == [
+        "campaign.png",
+        "campaigns.png",
+        "keys.png",
+        "planner.png",
+    ]
     target = os.environ.get("DENIABLE_CONSOLE_SCREENSHOTS")
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)

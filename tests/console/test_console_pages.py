@@ -88,7 +88,9 @@ async def test_read_only_by_default(make_client) -> None:
     # even with a valid session token, a read-only console refuses actions
     sessions = client.server.app[next(iter(client.server.app.keys()))].sessions  # type: ignore[union-attr]
     cookie = client.session.cookie_jar.filter_cookies(client.make_url("/"))["deniable_console"].value
-    response = await client.post("/actions/close", data={"csrf": sessions.csrf(cookie), "campaign": "colours", "confirm": "yes"})
+    response = await client.post(
+        "/actions/close", data={"csrf": sessions.csrf(cookie), "campaign": "colours", "confirm": "yes"}
+    )
     assert response.status == 403 and backend.calls == []
 
 
@@ -99,14 +101,19 @@ async def test_actions_need_the_csrf_token_and_a_confirmation(make_client) -> No
     token = _csrf(page)
     refused = await client.post("/actions/close", data={"campaign": "colours", "confirm": "yes"})
     assert refused.status == 403 and "CSRF" in await refused.text()
-    forged = await client.post("/actions/close", data={"csrf": "0" * 64, "campaign": "colours", "confirm": "yes"})
+    forged = await client.post(
+        "/actions/close", data={"csrf": "0" * 64, "campaign": "colours", "confirm": "yes"}
+    )
     assert forged.status == 403 and backend.calls == []
     asked = await client.post("/actions/close", data={"csrf": token, "campaign": "colours"})
     assert asked.status == 200 and "Confirm" in await asked.text() and backend.calls == []
     done = await client.post("/actions/close", data={"csrf": token, "campaign": "colours", "confirm": "yes"})
     assert done.status == 200 and backend.calls == [("close", "colours")]
-    for name, fields in (("release", {"campaign": "colours"}), ("rotate", {"kem": "x25519"}),
-                         ("create", {"id": "new", "question": "Q?", "kind": "binary", "epsilon0": "1"})):
+    for name, fields in (
+        ("release", {"campaign": "colours"}),
+        ("rotate", {"kem": "x25519"}),
+        ("create", {"id": "new", "question": "Q?", "kind": "binary", "epsilon0": "1"}),
+    ):
         await client.post(f"/actions/{name}", data={"csrf": token, "confirm": "yes", **fields})
     assert [c[0] for c in backend.calls] == ["close", "release", "rotate", "create"]
 
@@ -149,12 +156,12 @@ def test_token_hash_is_scrypt_and_verifies() -> None:
 def test_non_loopback_without_tls_and_login_is_refused(tmp_path: Path) -> None:
     check_listen("127.0.0.1", False, False)
     check_listen("::1", False, False)
-    with pytest.raises(ConfigurationError, match="refusing to listen on 0.0.0.0.*TLS.*login"):
+    with pytest.raises(ConfigurationError, match=r"refusing to listen on 0\.0\.0\.0.*TLS.*login"):
         check_listen("0.0.0.0", False, False)
     with pytest.raises(ConfigurationError, match="without a login"):
         check_listen("192.0.2.1", True, False)
     check_listen("192.0.2.1", True, True)
-    with pytest.raises(ConfigurationError, match="refusing to listen on 10.1.2.3"):
+    with pytest.raises(ConfigurationError, match=r"refusing to listen on 10\.1\.2\.3"):
         console_for(ConsoleConfig("127.0.0.1:7700", None, listen="10.1.2.3:8080"))
     hashed = tmp_path / "login"
     hashed.write_text(hash_token("a long enough token"))

@@ -12,19 +12,46 @@ from deniable.v1 import deniable_pb2 as pb
 def _answer(simultaneous: bool) -> pb.QueryResponse:
     widen = 1.4 if simultaneous else 1.0
     buckets = [
-        pb.BucketEstimate(label=label, raw_count=raw, estimate=est, std_error=se,
-                          ci_low=est - 1.96 * se * widen, ci_high=est + 1.96 * se * widen)
-        for label, raw, est, se in (("red", 410, 398.25, 21.5), ("green", 300, 310.75, 20.25), ("blue", 290, 291.0, 19.75))
+        pb.BucketEstimate(
+            label=label,
+            raw_count=raw,
+            estimate=est,
+            std_error=se,
+            ci_low=est - 1.96 * se * widen,
+            ci_high=est + 1.96 * se * widen,
+        )
+        for label, raw, est, se in (
+            ("red", 410, 398.25, 21.5),
+            ("green", 300, 310.75, 20.25),
+            ("blue", 290, 291.0, 19.75),
+        )
     ]
     privacy = pb.PrivacyStatement(
-        epsilon0=2.0, central_epsilon=0.31, delta=1e-6, analysis="feldman-mcmillan-talwar", amplified=True,
-        smallest_batch=1000, local_guarantee=True, batch_target=1000, batches=1,
+        epsilon0=2.0,
+        central_epsilon=0.31,
+        delta=1e-6,
+        analysis="feldman-mcmillan-talwar",
+        amplified=True,
+        smallest_batch=1000,
+        local_guarantee=True,
+        batch_target=1000,
+        batches=1,
     )
     return pb.QueryResponse(
-        campaign_id="colours", mechanism=pb.GRR, n=1000, buckets=buckets, privacy=privacy,
-        confidence=0.95, simultaneous=simultaneous,
-        manipulation=pb.ManipulationBudget(fake_reports=10, rule="1% of counted", computed=True,
-                                           max_raise=[12.0, 12.0, 12.0], max_lower=[3.0, 3.0, 3.0]),
+        campaign_id="colours",
+        mechanism=pb.GRR,
+        n=1000,
+        buckets=buckets,
+        privacy=privacy,
+        confidence=0.95,
+        simultaneous=simultaneous,
+        manipulation=pb.ManipulationBudget(
+            fake_reports=10,
+            rule="1% of counted",
+            computed=True,
+            max_raise=[12.0, 12.0, 12.0],
+            max_lower=[3.0, 3.0, 3.0],
+        ),
     )
 
 
@@ -36,20 +63,42 @@ class FakeBackend:
     closed: bool = False
 
     def _campaign(self) -> pb.Campaign:
-        return pb.Campaign(id="colours", question="Favourite <colour>?", kind=pb.CATEGORICAL,
-                           labels=["red", "green", "blue"], mechanism=pb.GRR, epsilon0=2.0, n_min=100,
-                           key_id=1, hpke_suite="x25519", closed=self.closed)
+        return pb.Campaign(
+            id="colours",
+            question="Favourite <colour>?",
+            kind=pb.CATEGORICAL,
+            labels=["red", "green", "blue"],
+            mechanism=pb.GRR,
+            epsilon0=2.0,
+            n_min=100,
+            key_id=1,
+            hpke_suite="x25519",
+            closed=self.closed,
+        )
 
     async def status(self) -> dict[str, Any]:
         return {
             "aggregator": {"address": "x", "version": "0", "now_unix": 0},
-            "campaigns": [{
-                "id": "colours", "question": "Favourite <colour>?", "mechanism": "grr", "n_min": 100,
-                "batch_target": 1000, "window_end_unix": None, "closed": self.closed, "counted": 1000,
-                "batches": 1, "smallest_batch": 1000, "last_batch_unix": 1_800_000_000,
-                "rejected": {"bad_padding": 2}, "key_id": 1, "held_at_shufflers": {"pending": 7, "in_flight": 0},
-            }],
-            "keys": [], "shufflers": [{"address": "s", "campaigns": []}],
+            "campaigns": [
+                {
+                    "id": "colours",
+                    "question": "Favourite <colour>?",
+                    "mechanism": "grr",
+                    "n_min": 100,
+                    "batch_target": 1000,
+                    "window_end_unix": None,
+                    "closed": self.closed,
+                    "counted": 1000,
+                    "batches": 1,
+                    "smallest_batch": 1000,
+                    "last_batch_unix": 1_800_000_000,
+                    "rejected": {"bad_padding": 2},
+                    "key_id": 1,
+                    "held_at_shufflers": {"pending": 7, "in_flight": 0},
+                }
+            ],
+            "keys": [],
+            "shufflers": [{"address": "s", "campaigns": []}],
         }
 
     async def campaigns(self) -> list[pb.Campaign]:
@@ -63,8 +112,17 @@ class FakeBackend:
 
     async def keys(self) -> pb.ListKeysResponse:
         return pb.ListKeysResponse(
-            keys=[pb.KeyInfo(key_id=1, public_key=b"\x01" * 32, hpke_suite="x25519", active=True,
-                             state="active", kem="x25519", campaigns=["colours"])],
+            keys=[
+                pb.KeyInfo(
+                    key_id=1,
+                    public_key=b"\x01" * 32,
+                    hpke_suite="x25519",
+                    active=True,
+                    state="active",
+                    kem="x25519",
+                    campaigns=["colours"],
+                )
+            ],
             signing_public_key=b"\x02" * 32,
         )
 
