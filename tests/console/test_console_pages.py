@@ -8,26 +8,25 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from support.console_fake import FakeBackend
 
-from deniable.console.app import Console, build_app
+from deniable.console.app import STATE, Console, build_app
 from deniable.console.auth import check_listen, hash_token, verify_token
 from deniable.console.server import ConsoleConfig, console_for
 from deniable.core.errors import ConfigurationError
 
-ClientFactory = Callable[..., "AsyncIterator[TestClient]"]
-
 
 @pytest.fixture
 async def make_client() -> AsyncIterator[Callable[..., object]]:
-    clients: list[TestClient] = []
+    clients: list[Any] = []
 
-    async def make(**options: object) -> TestClient:
+    async def make(**options: Any) -> Any:
         backend = options.pop("backend", FakeBackend())
-        client = TestClient(TestServer(build_app(Console(backend, **options))))  # type: ignore[arg-type]
+        client = TestClient(TestServer(build_app(Console(backend, **options))))
         await client.start_server()
         clients.append(client)
         return client
@@ -86,10 +85,8 @@ async def test_read_only_by_default(make_client) -> None:
     token_page = await (await client.get("/planner")).text()
     assert "Plan" in token_page
     # even with a valid session token, a read-only console refuses actions
-    sessions = client.server.app[next(iter(client.server.app.keys()))].sessions  # type: ignore[union-attr]
-    cookie = client.session.cookie_jar.filter_cookies(client.make_url("/"))["deniable_console"].value
     response = await client.post(
-        "/actions/close", data={"csrf": sessions.csrf(cookie), "campaign": "colours", "confirm": "yes"}
+        "/actions/close", data={"csrf": _csrf_from_session(client), "campaign": "colours", "confirm": "yes"}
     )
     assert response.status == 403 and backend.calls == []
 
@@ -139,11 +136,11 @@ async def test_login_with_the_hashed_token(make_client) -> None:
     assert "colours" in await (await client.get("/")).text()
 
 
-def _csrf_from_session(client: TestClient) -> str:
-    console = next(v for v in client.server.app._state.values() if isinstance(v, Console))  # type: ignore[attr-defined]
+def _csrf_from_session(client: Any) -> str:
+    console = client.server.app[STATE]
     cookie = client.session.cookie_jar.filter_cookies(client.make_url("/"))["deniable_console"].value
     assert console.sessions is not None
-    return console.sessions.csrf(cookie)
+    return str(console.sessions.csrf(cookie))
 
 
 def test_token_hash_is_scrypt_and_verifies() -> None:
