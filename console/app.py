@@ -93,7 +93,7 @@ async def _checked(
             )
     public = request.path.startswith("/static/") or request.path == "/login"
     if console.login_hash and not public and session not in console.sessions.logged_in:
-        return _html(login_page(), request, console)
+        return _html(login_page(console.sessions.csrf(session)), request, console)
     try:
         return await handler(request)
     except web.HTTPException:
@@ -162,13 +162,17 @@ async def login(request: web.Request) -> web.StreamResponse:
     console = request.app[STATE]
     assert console.sessions is not None
     if request.method == "GET" or not console.login_hash:
-        return _html(login_page(), request, console)
+        return _html(login_page(_csrf(request)), request, console)
     token = (await request.post()).get("token")
     if isinstance(token, str) and verify_token(token, console.login_hash):
-        console.sessions.logged_in.add(str(_session(request)))
-        raise web.HTTPSeeOther("/")
+        fresh = console.sessions.new_id()  # a new session id at login: no session fixation
+        console.sessions.logged_in.add(fresh)
+        console.sessions.logged_in.discard(str(_session(request)))
+        response = web.Response(status=303, headers={"Location": "/"})
+        response.set_cookie(COOKIE, fresh, httponly=True, samesite="Strict", secure=console.secure_cookie)
+        return response
     log.warning("a login failed")
-    return _html(login_page("wrong token"), request, console)
+    return _html(login_page(_csrf(request), "wrong token"), request, console)
 
 
 def _csrf(request: web.Request) -> str:

@@ -100,11 +100,12 @@ def message_page(title: str, text: str, back: str, status: int = 200) -> Page:
     return Page(title, f'<p>{escape(text)}</p><p><a href="{escape(back)}">Back</a></p>', status=status)
 
 
-def login_page(error: str = "") -> Page:
-    """The token form (the console stores only its scrypt hash)."""
+def login_page(csrf: str, error: str = "") -> Page:
+    """The token form (the console stores only its scrypt hash); it carries the CSRF token too."""
     err = f'<p class="warn" role="alert">{escape(error)}</p>' if error else ""
     body = (
-        f'{err}<form method="post" action="/login"><label for="token">Operator token</label> '
+        f'{err}<form method="post" action="/login">{csrf_field(csrf)}'
+        '<label for="token">Operator token</label> '
         '<input id="token" name="token" type="password" autocomplete="current-password" required> '
         '<button type="submit">Log in</button></form>'
     )

@@ -4,6 +4,7 @@ read-only by default, confirmation before an action, the listen rule and the tok
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from collections.abc import AsyncIterator, Callable
@@ -127,13 +128,28 @@ async def test_a_token_from_another_session_is_refused(make_client) -> None:
 
 async def test_login_with_the_hashed_token(make_client) -> None:
     client = await make_client(login_hash=hash_token("correct horse battery"))
-    first = await client.get("/")
-    assert "Operator token" in await first.text() and "colours" not in await first.text()
-    csrf = _csrf_from_session(client)
+    first = await (await client.get("/")).text()
+    assert "Operator token" in first and "colours" not in first
+    csrf = _csrf(first)
+    before = _csrf_from_session(client)
+    assert (await client.post("/login", data={"token": "correct horse battery"})).status == 403  # no CSRF
     wrong = await client.post("/login", data={"csrf": csrf, "token": "wrong token here"})
     assert wrong.status == 401
     await client.post("/login", data={"csrf": csrf, "token": "correct horse battery"})
     assert "colours" in await (await client.get("/")).text()
+    assert _csrf_from_session(client) != before  # the session id changed at login
+
+
+def test_cli_refuses_a_non_loopback_start_and_hashes_tokens(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deniable.cli.main import main
+
+    assert main(["console", "--insecure", "--listen", "0.0.0.0:8080"]) == 2
+    assert "refusing to listen on 0.0.0.0" in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", io.StringIO("a token long enough\n"))
+    assert main(["console", "hash-token"]) == 0
+    assert verify_token("a token long enough", capsys.readouterr().out.strip())
 
 
 def _csrf_from_session(client: Any) -> str:
