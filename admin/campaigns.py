@@ -12,7 +12,7 @@ from deniable.admin.shuffler import spool
 from deniable.admin.windows import parse_window
 from deniable.core.campaigns import local_epsilon, mechanism_has_local_guarantee
 from deniable.core.errors import ConfigurationError
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import Transport
 from deniable.v1 import deniable_pb2 as pb
 
 
@@ -63,7 +63,7 @@ class CampaignSpec:
 
 
 async def create_campaign(
-    aggregator: str, spec: CampaignSpec | pb.CreateCampaignRequest, tls: ClientTls | None
+    aggregator: str, spec: CampaignSpec | pb.CreateCampaignRequest, tls: Transport
 ) -> pb.Campaign:
     """Create the campaign (planning, when asked, may take minutes) and return its signed descriptor."""
     request = spec.request(time.time()) if isinstance(spec, CampaignSpec) else spec
@@ -71,13 +71,13 @@ async def create_campaign(
     return await call(aggregator, lambda s: s.CreateCampaign(request, timeout=timeout), tls=tls)
 
 
-async def get_campaign(aggregator: str, campaign_id: str, tls: ClientTls | None) -> pb.Campaign:
+async def get_campaign(aggregator: str, campaign_id: str, tls: Transport) -> pb.Campaign:
     """One campaign's signed descriptor."""
     request = pb.GetCampaignRequest(campaign_id=campaign_id)
     return await call(aggregator, lambda s: s.GetCampaign(request, timeout=30), tls=tls)
 
 
-async def list_campaigns(aggregator: str, tls: ClientTls | None) -> list[pb.Campaign]:
+async def list_campaigns(aggregator: str, tls: Transport) -> list[pb.Campaign]:
     """Every campaign the aggregator has."""
     listed: pb.ListCampaignsResponse = await call(
         aggregator, lambda s: s.ListCampaigns(pb.ListCampaignsRequest(), timeout=30), tls=tls
@@ -85,18 +85,25 @@ async def list_campaigns(aggregator: str, tls: ClientTls | None) -> list[pb.Camp
     return list(listed.campaigns)
 
 
-async def close_campaign(aggregator: str, campaign_id: str, tls: ClientTls | None) -> pb.Campaign:
+async def close_campaign(aggregator: str, campaign_id: str, tls: Transport) -> pb.Campaign:
     """End the campaign's window now; the aggregator re-signs its descriptor."""
     request = pb.KeyCloseCampaignRequest(campaign_id=campaign_id)
     return await call(aggregator, lambda s: s.CloseCampaign(request, timeout=30), tls=tls)
 
 
 async def delete_campaign(
-    aggregator: str, campaign_id: str, shufflers: Sequence[str], tls: ClientTls | None
+    aggregator: str,
+    campaign_id: str,
+    shufflers: Sequence[str],
+    tls: Transport,
+    shuffler_tls: Transport | None = None,
 ) -> pb.StatusDeleteCampaignResponse:
-    """Delete a closed campaign; ConfigurationError first if a named shuffler still holds its reports."""
+    """Delete a closed campaign; ConfigurationError first if a named shuffler still holds its reports.
+
+    ``shuffler_tls`` reaches the shufflers' operator ports (default ``tls``; with TLS they need
+    the shuffler party's CA and a shuffler-operator certificate)."""
     for address in shufflers:
-        for row in (await spool(address, tls)).campaigns:
+        for row in (await spool(address, shuffler_tls or tls)).campaigns:
             if row.campaign_id == campaign_id and row.pending + row.in_flight:
                 raise ConfigurationError(
                     f"shuffler {address} still holds {row.pending + row.in_flight} reports of"

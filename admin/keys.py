@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from deniable.admin.rpc import call
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import Transport
 from deniable.v1 import deniable_pb2 as pb
 
 
-async def list_keys(aggregator: str, tls: ClientTls | None) -> pb.ListKeysResponse:
+async def list_keys(aggregator: str, tls: Transport) -> pb.ListKeysResponse:
     """The HPKE keys and the signing public key, as the running aggregator has them."""
     return await call(aggregator, lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=30), tls=tls)
 
@@ -23,13 +23,13 @@ def read_keys(data_dir: Path) -> pb.ListKeysResponse:
     return pb.ListKeysResponse(keys=keyring.infos(), signing_public_key=keyring.signing.public_raw)
 
 
-async def rotate_key(aggregator: str, kem: str, tls: ClientTls | None) -> pb.KeyInfo:
+async def rotate_key(aggregator: str, kem: str, tls: Transport) -> pb.KeyInfo:
     """A new active HPKE key; earlier keys stay until their campaigns close and drain."""
     request = pb.KeyRotateRequest(kem=kem)
     return await call(aggregator, lambda s: s.RotateKey(request, timeout=30), tls=tls)
 
 
-async def destroy_key(aggregator: str, key_id: int, tls: ClientTls | None) -> pb.KeyInfo:
+async def destroy_key(aggregator: str, key_id: int, tls: Transport) -> pb.KeyInfo:
     """Overwrite and remove a retired key now."""
     request = pb.KeyDestroyRequest(key_id=key_id)
     return await call(aggregator, lambda s: s.DestroyKey(request, timeout=30), tls=tls)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from deniable.admin.rpc import call
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import Transport
 from deniable.v1 import deniable_pb2 as pb
 
 
-async def spool(shuffler: str, tls: ClientTls | None) -> pb.ShufflerStatsResponse:
+async def spool(shuffler: str, tls: Transport) -> pb.ShufflerStatsResponse:
     """What the shuffler (its operator port) holds, per campaign."""
     return await call(shuffler, lambda s: s.Stats(pb.ShufflerStatsRequest(), timeout=30), "shuffler", tls)
 
@@ -21,7 +21,7 @@ def spool_rows(stats: pb.ShufflerStatsResponse) -> list[dict[str, Any]]:
     ]
 
 
-async def release_below_n_min(aggregator: str, campaign_id: str, tls: ClientTls | None) -> None:
+async def release_below_n_min(aggregator: str, campaign_id: str, tls: Transport) -> None:
     """Record at the aggregator that batches of the campaign smaller than n_min may be forwarded.
 
     ValueError without a campaign: the release is authorised per campaign.
@@ -33,7 +33,7 @@ async def release_below_n_min(aggregator: str, campaign_id: str, tls: ClientTls 
 
 
 async def flush(
-    shuffler: str, tls: ClientTls | None, campaign_id: str = "", below_n_min: bool = False
+    shuffler: str, tls: Transport, campaign_id: str = "", below_n_min: bool = False
 ) -> pb.FlushResponse:
     """Forward what the shuffler spools now (one campaign, or all when ``campaign_id`` is empty)."""
     request = pb.FlushRequest(campaign_id=campaign_id, below_n_min=below_n_min)

@@ -11,16 +11,20 @@ import grpc
 
 from deniable.admin.rpc import call
 from deniable.admin.shuffler import spool, spool_rows
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import Transport
 from deniable.v1 import deniable_pb2 as pb
 
 
-async def gather_status(aggregator: str, shufflers: Sequence[str], tls: ClientTls | None) -> dict[str, Any]:
-    """The deployment as one JSON-able dict; an unreachable shuffler is reported, not fatal."""
+async def gather_status(
+    aggregator: str, shufflers: Sequence[str], tls: Transport, shuffler_tls: Transport | None = None
+) -> dict[str, Any]:
+    """The deployment as one JSON-able dict; an unreachable shuffler is reported, not fatal.
+
+    ``shuffler_tls`` reaches the shufflers' operator ports (default ``tls``)."""
     answer: pb.StatusResponse = await call(
         aggregator, lambda s: s.Status(pb.StatusRequest(), timeout=30), tls=tls
     )
-    spools = await asyncio.gather(*(spool(a, tls) for a in shufflers), return_exceptions=True)
+    spools = await asyncio.gather(*(spool(a, shuffler_tls or tls) for a in shufflers), return_exceptions=True)
     held: dict[str, dict[str, int]] = {}
     shuffler_rows: list[dict[str, Any]] = []
     for address, stats in zip(shufflers, spools, strict=True):

@@ -25,7 +25,14 @@ from deniable.aggregator.servicer import AggregatorServicer
 from deniable.aggregator.store import AggregatorStore, SqliteAggregatorStore
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing import jetstream, tracing
-from deniable.core.plumbing.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
+from deniable.core.plumbing.auth import (
+    AGGREGATOR_OPERATOR,
+    ANYONE,
+    HEALTH_METHODS,
+    AccessPolicy,
+    AuthInterceptor,
+    warn_open,
+)
 from deniable.core.plumbing.health import HealthMonitor
 from deniable.core.plumbing.jetstream import DEFAULT_ACK_WAIT_S
 from deniable.core.plumbing.service import (
@@ -45,17 +52,19 @@ from deniable.v1 import deniable_pb2_grpc as pb_grpc
 SERVICE_NAME: Final = "deniable.v1.Aggregator"
 DATABASE_FILE: Final = "aggregator.sqlite3"
 log = logging.getLogger("deniable.aggregator")
-_RELAY: Final = frozenset({"shuffler", "operator"})
+_READERS: Final = frozenset({"shuffler", "aggregator-operator"})
 ACCESS_POLICY: Final = AccessPolicy(
     service="aggregator",
     allowed={
         f"/{SERVICE_NAME}/IngestBatch": frozenset({"shuffler"}),
-        f"/{SERVICE_NAME}/GetCampaign": _RELAY,
-        f"/{SERVICE_NAME}/ListCampaigns": _RELAY,
+        f"/{SERVICE_NAME}/GetCampaign": _READERS,
+        f"/{SERVICE_NAME}/ListCampaigns": _READERS,
         **{method: ANYONE for method in HEALTH_METHODS},
     },
+    default=AGGREGATOR_OPERATOR,
 )
-"""Ingest from shufflers, campaign reads for shufflers and operators; any other RPC: operator."""
+"""Ingest from shufflers, campaign reads for shufflers and the aggregator's operators; any other
+RPC (release below n_min, campaigns, keys, queries): the aggregator's operator only (ADR 0030)."""
 
 
 @dataclass
@@ -74,7 +83,9 @@ class AggregatorConfig:
     store: str | None = None
     """None: SQLite in ``data_dir``; ``postgresql://...``: that PostgreSQL database (``open_store``)."""
     tls: ServerTls | None = None
-    """Serve mutual TLS: every caller needs a certificate from ``tls.ca`` naming its role."""
+    """Serve mutual TLS: every caller needs a certificate from the ``tls.ca`` bundle naming its
+    role, issued by the CA of that role's party (the shuffler's CA for ``shuffler``, the
+    aggregator's for ``aggregator-operator``)."""
     insecure: bool = False
     """Plaintext and no credential checks at all (tests only); needed by name when ``tls`` is None."""
     health_interval_s: float = 1.0
@@ -205,7 +216,8 @@ async def _serve(
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, HealthMonitor, int]:
     """Build, bind and start the gRPC server (mutual TLS and per-method roles unless insecure)
     with truthful health (NOT_SERVING until checked)."""
-    guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
+    issuers = None if config.tls is None else config.tls.issuers()
+    guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, issuers, open_all=config.insecure)
     server = new_server(
         config.max_message_bytes,
         interceptors=[guard],

@@ -15,16 +15,18 @@ from deniable.admin.campaigns import (
     get_campaign,
     list_campaigns,
 )
-from deniable.admin.shuffler import flush
+from deniable.admin.shuffler import flush, release_below_n_min
 from deniable.cli.options import (
     DEFAULT_AGGREGATOR,
     Subparsers,
     add_client_tls_options,
     add_shuffler_list_option,
+    add_shuffler_tls_options,
     client_tls,
     group,
     positive_float,
     positive_int,
+    shuffler_tls,
 )
 from deniable.cli.output import flush_line, print_json
 from deniable.core.campaigns import mechanism_has_local_guarantee
@@ -45,6 +47,7 @@ def register(sub: Subparsers) -> None:
         "--shuffler", default=None, help="also tell this shuffler's operator port now (else it learns it)"
     )
     add_client_tls_options(close)
+    add_shuffler_tls_options(close)
     close.set_defaults(handler=run_close)
     show = campaign.add_parser("show", help="one campaign's descriptor, with both guarantees")
     show.add_argument("campaign")
@@ -130,7 +133,17 @@ def _add_delete(campaign: Subparsers) -> None:
         delete, "refuse while this shuffler (operator port) holds reports of the campaign (repeatable)"
     )
     add_client_tls_options(delete)
+    add_shuffler_tls_options(delete)
     delete.set_defaults(handler=run_delete)
+    release = campaign.add_parser(
+        "release-below-n-min",
+        help="authorise batches of a campaign smaller than n_min (the aggregator's operator;"
+        " the answer says so); then the shuffler's operator flushes with --below-n-min",
+    )
+    release.add_argument("campaign", help="campaign id")
+    release.add_argument("--aggregator", default=DEFAULT_AGGREGATOR)
+    add_client_tls_options(release)
+    release.set_defaults(handler=run_release)
 
 
 def _spec(args: argparse.Namespace) -> CampaignSpec:
@@ -182,7 +195,17 @@ def run_close(args: argparse.Namespace) -> int:
     closed = asyncio.run(close_campaign(args.aggregator, args.campaign, tls))
     print(f"closed {closed.id}: window ended at {closed.window_end_unix} (Unix time); description re-signed")
     if args.shuffler:
-        print(flush_line(asyncio.run(flush(args.shuffler, tls, args.campaign))))
+        print(flush_line(asyncio.run(flush(args.shuffler, shuffler_tls(args, tls), args.campaign))))
+    return 0
+
+
+def run_release(args: argparse.Namespace) -> int:
+    """Record at the aggregator that the campaign's batches below n_min may be counted."""
+    asyncio.run(release_below_n_min(args.aggregator, args.campaign, client_tls(args)))
+    print(
+        f"recorded at the aggregator: batches of {args.campaign} below n_min authorised"
+        " (the shuffler's operator releases them: deniable shuffler flush --below-n-min)"
+    )
     return 0
 
 
@@ -210,7 +233,10 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_delete(args: argparse.Namespace) -> int:
     """Delete a closed campaign, first checking the named shufflers hold nothing of it."""
-    deleted = asyncio.run(delete_campaign(args.aggregator, args.campaign, args.shuffler, client_tls(args)))
+    tls = client_tls(args)
+    deleted = asyncio.run(
+        delete_campaign(args.aggregator, args.campaign, args.shuffler, tls, shuffler_tls(args, tls))
+    )
     print(
         f"deleted {deleted.campaign_id}: {deleted.counted} counted reports"
         f" in {deleted.batches} batches removed"

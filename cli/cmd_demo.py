@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deniable.cli.options import Subparsers, add_mqtt_options, mqtt_tls, positive_float, positive_int
-from deniable.core.errors import ConfigurationError
+from deniable.cli.options import Subparsers, add_mqtt_options, mqtt_broker, positive_float, positive_int
 from deniable.core.plumbing.mqtt import BrokerAddress
 
 if TYPE_CHECKING:
@@ -40,10 +38,6 @@ def register(sub: Subparsers) -> None:
     )
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_mqtt_options(demo, "devices reach the shuffler through this MQTT broker instead of gRPC")
-    demo.add_argument("--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file")
-    demo.add_argument(
-        "--mqtt-insecure", action="store_true", help="plaintext to the MQTT broker (tests only)"
-    )
     demo.add_argument(
         "--console",
         default=None,
@@ -102,8 +96,4 @@ def _console(listen: str) -> Hold:
 
 def _broker(args: argparse.Namespace) -> BrokerAddress | None:
     """The demo's broker: TLS with ``--mqtt-ca``, plaintext only with ``--mqtt-insecure``."""
-    if args.mqtt is None:
-        return None
-    if (args.mqtt_ca is None) == (not args.mqtt_insecure):
-        raise ConfigurationError("with --mqtt give --mqtt-ca (TLS to the broker) or --mqtt-insecure")
-    return dataclasses.replace(BrokerAddress.parse(args.mqtt), tls=mqtt_tls(args.mqtt_ca))
+    return None if args.mqtt is None else mqtt_broker(args)

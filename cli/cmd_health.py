@@ -9,7 +9,7 @@ from pathlib import Path
 from deniable.admin.health import SERVICES, check
 from deniable.cli.options import Subparsers
 from deniable.core.errors import ConfigurationError
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import INSECURE, ClientTls, Transport
 
 
 def register(sub: Subparsers) -> None:
@@ -23,7 +23,12 @@ def register(sub: Subparsers) -> None:
         help="which health entry to ask (default: the whole server)",
     )
     health.add_argument("--timeout", type=float, default=3.0, help="seconds before giving up (default 3)")
-    health.add_argument("--tls-ca", type=Path, default=None, help="the server's CA")
+    health.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=None,
+        help="the CA of the party serving there (aggregator-ca.pem, shuffler-ca.pem)",
+    )
     health.add_argument("--tls-cert", type=Path, default=None, help="client certificate (mutual TLS ports)")
     health.add_argument("--tls-key", type=Path, default=None, help="its private key")
     health.add_argument("--insecure", action="store_true", help="plaintext, to a service run with --insecure")
@@ -34,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     """Print the status; exit 0 when SERVING, 1 otherwise (unreachable, NOT_SERVING, timeout)."""
     if args.insecure == (args.tls_ca is not None) or (args.insecure and (args.tls_cert or args.tls_key)):
         raise ConfigurationError("give --tls-ca (with --tls-cert/--tls-key for mutual TLS) or --insecure")
-    tls = None if args.insecure else ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+    tls: Transport = (
+        INSECURE if args.insecure else ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+    )
     status = asyncio.run(check(args.address, SERVICES[args.service], tls, args.timeout))
     print(status)
     return 0 if status == "SERVING" else 1

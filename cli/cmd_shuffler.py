@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deniable.admin.shuffler import flush, release_below_n_min, spool, spool_rows
+from deniable.admin.shuffler import flush, spool, spool_rows
 from deniable.cli.options import (
     DEFAULT_AGGREGATOR,
     DEFAULT_QUOTA,
@@ -23,7 +23,7 @@ from deniable.cli.options import (
     client_tls,
     config_source,
     group,
-    mqtt_tls,
+    mqtt_broker,
     positive_float,
     secret_from_env,
     server_tls,
@@ -33,7 +33,6 @@ from deniable.cli.options import (
 )
 from deniable.cli.output import flush_line
 from deniable.core.plumbing import mqtt
-from deniable.core.plumbing.mqtt import BrokerAddress
 
 if TYPE_CHECKING:
     from deniable.shuffler.mqtt import MqttIngressConfig
@@ -131,7 +130,6 @@ def _add_mqtt_ingress_options(serve: argparse.ArgumentParser) -> None:
         default=None,
         help="broker login (password: $DENIABLE_MQTT_PASSWORD, or the file $DENIABLE_MQTT_PASSWORD_FILE)",
     )
-    serve.add_argument("--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file")
 
 
 def _add_flush(shuffler: Subparsers) -> None:
@@ -148,10 +146,9 @@ def _add_flush(shuffler: Subparsers) -> None:
     flushing.add_argument(
         "--below-n-min",
         action="store_true",
-        help="also forward batches smaller than n_min (first recorded at the aggregator, which states it;"
-        " needs --campaign)",
+        help="also forward batches smaller than n_min; the aggregator counts them only once its own"
+        " operator authorised it (deniable campaign release-below-n-min), and says so",
     )
-    flushing.add_argument("--aggregator", default=DEFAULT_AGGREGATOR, help="where --below-n-min is recorded")
     flushing.set_defaults(handler=run_flush)
 
 
@@ -186,21 +183,16 @@ def _mqtt_ingress(args: argparse.Namespace) -> MqttIngressConfig | None:
         return None
     from deniable.shuffler.mqtt import MqttIngressConfig
 
-    broker = BrokerAddress.parse(args.mqtt)
-    tls = mqtt_tls(args.mqtt_ca)
     password = secret_from_env("DENIABLE_MQTT_PASSWORD")
-    broker = dataclasses.replace(broker, username=args.mqtt_username, password=password, tls=tls)
+    broker = dataclasses.replace(mqtt_broker(args), username=args.mqtt_username, password=password)
     return MqttIngressConfig(
         broker=broker, prefix=mqtt.check_prefix(args.mqtt_prefix), shared_subscription=args.mqtt_shared
     )
 
 
 def run_flush(args: argparse.Namespace) -> int:
-    """Record a below-n_min release first if asked, then flush and say what moved."""
+    """Flush (below n_min too if asked) and say what moved."""
     tls = client_tls(args)
-    if args.below_n_min:
-        asyncio.run(release_below_n_min(args.aggregator, args.campaign, tls))
-        print(f"recorded at the aggregator: batches of {args.campaign} below n_min authorised")
     target = shuffler_operator_address(args.shuffler, tls)
     flushed = asyncio.run(flush(target, tls, args.campaign, args.below_n_min))
     print(flush_line(flushed))

@@ -15,7 +15,9 @@ from deniable.cli.options import (
     Subparsers,
     add_client_tls_options,
     add_shuffler_list_option,
+    add_shuffler_tls_options,
     client_tls,
+    shuffler_tls,
 )
 
 
@@ -28,6 +30,7 @@ def register(sub: Subparsers) -> None:
     add_shuffler_list_option(status, "a shuffler's operator port to include (repeatable; default: none)")
     status.add_argument("--json", action="store_true", help="print JSON instead of text (default: off)")
     add_client_tls_options(status)
+    add_shuffler_tls_options(status)
     status.set_defaults(handler=run_status)
 
 
@@ -76,6 +79,7 @@ def render(status: dict[str, Any]) -> str:
 
 def run_status(args: argparse.Namespace) -> int:
     """Print the deployment's summary (text or JSON)."""
-    status = asyncio.run(gather_status(args.aggregator, args.shuffler, client_tls(args)))
+    tls = client_tls(args)
+    status = asyncio.run(gather_status(args.aggregator, args.shuffler, tls, shuffler_tls(args, tls)))
     print(json.dumps(status, indent=2) if args.json else render(status))
     return 0

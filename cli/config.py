@@ -31,6 +31,9 @@ OWN_SOURCES: Final = frozenset({"store", "store_file", "spool_store", "spool_sto
 """Database DSNs: the service reads their flags, then $DENIABLE_<NAME>, then $DENIABLE_<NAME>_FILE
 itself (cli/options.py, docs/storage.md); they stay out of the file so that order holds and no
 password lands in a config file."""
+COMMAND_LINE_ONLY: Final = frozenset({"insecure", "mqtt_insecure"})
+"""Plaintext switches: only a flag typed on the command line turns them on, never a file or the
+environment, so that no stray variable or copied config makes a link plaintext (ADR 0030)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ def resolve(
     given = explicit(parser, argv)
     path = args.config or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
     from_file = _load(path, actions) if path else {}
+    _refuse_plaintext_settings(environ, actions)
     from_env = {
         dest: convert(actions[dest], environ[name], name)
         for dest in actions
@@ -159,6 +163,21 @@ def resolve(
             setattr(args, dest, value)
     _check_required(args, actions)
     return Source(path, tuple(ENV_PREFIX + d.upper() for d in from_env), tuple(sorted(given & set(actions))))
+
+
+def _refuse_plaintext_settings(environ: Mapping[str, str], actions: Mapping[str, argparse.Action]) -> None:
+    """ConfigurationError for a plaintext switch in the environment (flag only, ``COMMAND_LINE_ONLY``)."""
+    for dest in COMMAND_LINE_ONLY & set(actions):
+        if ENV_PREFIX + dest.upper() in environ:
+            raise ConfigurationError(_plaintext_refusal(f"${ENV_PREFIX}{dest.upper()}", dest))
+
+
+def _plaintext_refusal(where: str, dest: str) -> str:
+    flag = "--" + dest.replace("_", "-")
+    return (
+        f"{where} is refused: plaintext is chosen only on the command line; pass {flag}"
+        " (tests only) or configure TLS"
+    )
 
 
 def explicit(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
@@ -223,6 +242,8 @@ def _load(path: Path, actions: Mapping[str, argparse.Action]) -> dict[str, Any]:
                 f"config file {path}: {key} belongs in ${ENV_PREFIX}{dest.upper()}"
                 f" or --{key.replace('_', '-')}, not in the file (it may hold a password)"
             )
+        if dest in COMMAND_LINE_ONLY:
+            raise ConfigurationError(_plaintext_refusal(f"config file {path}: {key}", dest))
         if dest not in actions:
             raise ConfigurationError(f"config file {path}: unknown setting {key!r}")
         values[dest] = convert(actions[dest], raw, f"config file {path}: {key}")

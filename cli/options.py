@@ -7,6 +7,7 @@ and turning those options into the library's configuration objects (``ServerTls`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import ssl
@@ -15,7 +16,7 @@ from typing import Any, TypeAlias
 
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing import mqtt
-from deniable.core.plumbing.tls import ClientTls, ServerTls
+from deniable.core.plumbing.tls import INSECURE, ClientTls, Plaintext, ServerTls, Transport
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -109,23 +110,70 @@ def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", type=Path, default=None, help="this service's certificate (PEM)")
     parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
     parser.add_argument(
-        "--tls-ca", type=Path, default=None, help="the CA that issues the peers' certificates"
+        "--tls-ca",
+        type=Path,
+        default=None,
+        help="bundle of the CAs whose client certificates this service accepts, one per party"
+        " (`deniable certs dev`: <service>-clients-ca.pem); a role counts only from its own party's CA",
     )
-    parser.add_argument(
-        "--insecure",
-        action="store_true",
-        help="plaintext, no credentials checked: every RPC open (tests only)",
-    )
+    add_insecure_option(parser, "plaintext, no credentials checked: every RPC open (tests only)")
 
 
-def add_client_tls_options(parser: argparse.ArgumentParser) -> None:
+def add_insecure_option(parser: argparse.ArgumentParser, text: str) -> None:
+    """``--insecure``: command line only (a file or environment setting is refused, cli/config.py)."""
+    parser.add_argument("--insecure", action="store_true", help=f"{text}; command line only")
+
+
+def add_client_tls_options(parser: argparse.ArgumentParser, peer: str = "the service") -> None:
     """``--tls-ca`` (+ ``--tls-cert/--tls-key``, the operator certificate) or ``--insecure``."""
     parser.add_argument(
-        "--tls-ca", type=Path, default=None, help="the CA that issued the server's certificate"
+        "--tls-ca",
+        type=Path,
+        default=None,
+        help=f"the CA of the party you reach, and only it ({peer}'s: <party>-ca.pem), so that"
+        " only that party's serving certificate is accepted",
     )
-    parser.add_argument("--tls-cert", type=Path, default=None, help="client (operator) certificate (PEM)")
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="client (operator) certificate (PEM) of the role the RPC needs",
+    )
     parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
-    parser.add_argument("--insecure", action="store_true", help="plaintext, to a service run with --insecure")
+    add_insecure_option(parser, "plaintext, to a service run with --insecure")
+
+
+def add_shuffler_tls_options(parser: argparse.ArgumentParser) -> None:
+    """``--shuffler-tls-ca/-cert/-key``: how a command that talks to the aggregator also reaches
+    shufflers' operator ports (the shuffler party's CA and a ``shuffler-operator`` certificate)."""
+    parser.add_argument(
+        "--shuffler-tls-ca", type=Path, default=None, help="with --shuffler: the shuffler party's CA"
+    )
+    parser.add_argument(
+        "--shuffler-tls-cert",
+        type=Path,
+        default=None,
+        help="with --shuffler: shuffler-operator certificate",
+    )
+    parser.add_argument("--shuffler-tls-key", type=Path, default=None, help="its private key")
+
+
+def shuffler_tls(args: argparse.Namespace, tls: Transport) -> Transport:
+    """How to reach the shufflers of ``--shuffler``: plaintext if ``tls`` is, else the shuffler options."""
+    given = [args.shuffler_tls_ca, args.shuffler_tls_cert, args.shuffler_tls_key]
+    if isinstance(tls, Plaintext):
+        if any(given):
+            raise ConfigurationError("--insecure with --shuffler-tls-ca/-cert/-key: choose one")
+        return tls
+    if not args.shuffler:
+        return tls
+    if args.shuffler_tls_ca is None or args.shuffler_tls_cert is None:
+        raise ConfigurationError(
+            "--shuffler needs --shuffler-tls-ca, --shuffler-tls-cert and --shuffler-tls-key: the"
+            " shuffler party's CA and a shuffler-operator certificate (the aggregator's operator"
+            " certificate is not accepted there)"
+        )
+    return ClientTls(ca=args.shuffler_tls_ca, cert=args.shuffler_tls_cert, key=args.shuffler_tls_key)
 
 
 def add_tracing_options(serve: argparse.ArgumentParser) -> None:
@@ -142,11 +190,26 @@ def add_tracing_options(serve: argparse.ArgumentParser) -> None:
 
 
 def add_mqtt_options(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--mqtt HOST:PORT`` and ``--mqtt-prefix`` (docs/mqtt.md)."""
+    """``--mqtt HOST:PORT``, ``--mqtt-ca``, ``--mqtt-insecure`` and ``--mqtt-prefix`` (docs/mqtt.md)."""
     parser.add_argument("--mqtt", default=None, metavar="HOST:PORT", help=what)
     parser.add_argument(
         "--mqtt-prefix", default=mqtt.DEFAULT_PREFIX, help="MQTT topic prefix (default %(default)s)"
     )
+    parser.add_argument("--mqtt-ca", type=Path, default=None, help="TLS to the broker, trusting this CA file")
+    parser.add_argument(
+        "--mqtt-insecure",
+        action="store_true",
+        help="plaintext MQTT (tests only; command line only): --mqtt needs this or --mqtt-ca",
+    )
+
+
+def mqtt_broker(args: argparse.Namespace) -> mqtt.BrokerAddress:
+    """The broker of ``--mqtt``: TLS with ``--mqtt-ca``, plaintext only with ``--mqtt-insecure``."""
+    if (args.mqtt_ca is None) == (not args.mqtt_insecure):
+        raise ConfigurationError(
+            "with --mqtt give --mqtt-ca (TLS to the broker) or --mqtt-insecure (plaintext, by name)"
+        )
+    return dataclasses.replace(mqtt.BrokerAddress.parse(args.mqtt), tls=mqtt_tls(args.mqtt_ca))
 
 
 def add_shuffler_list_option(parser: argparse.ArgumentParser, text: str) -> None:
@@ -175,13 +238,14 @@ def server_tls(args: argparse.Namespace) -> ServerTls | None:
     return ServerTls(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
 
 
-def client_tls(args: argparse.Namespace) -> ClientTls | None:
-    """How this command reaches a service: TLS (None only with --insecure); one-line error otherwise."""
+def client_tls(args: argparse.Namespace) -> Transport:
+    """How this command reaches a service: TLS, or ``INSECURE`` with --insecure; one-line error otherwise."""
     if _plaintext(args, "--tls-ca/--tls-cert/--tls-key", [args.tls_ca, args.tls_cert, args.tls_key]):
-        return None
+        return INSECURE
     if args.tls_ca is None:
         raise ConfigurationError(
-            "give --tls-ca (and --tls-cert/--tls-key for an operator certificate), or --insecure"
+            "give --tls-ca, the CA of the party you reach (and --tls-cert/--tls-key for an operator"
+            " certificate), or --insecure"
         )
     return ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
 
@@ -193,9 +257,9 @@ def _plaintext(args: argparse.Namespace, flags: str, given: list[Path | None]) -
     return bool(args.insecure)
 
 
-def shuffler_operator_address(given: str | None, tls: ClientTls | None) -> str:
+def shuffler_operator_address(given: str | None, tls: Transport) -> str:
     """The shuffler to ask: ``given``, else its operator port (its device port with --insecure)."""
-    return given or (DEFAULT_SHUFFLER if tls is None else DEFAULT_SHUFFLER_OPERATOR)
+    return given or (DEFAULT_SHUFFLER if isinstance(tls, Plaintext) else DEFAULT_SHUFFLER_OPERATOR)
 
 
 def mqtt_tls(ca: Path | None) -> ssl.SSLContext | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ else:  # the [mqtt] extra: imported when a broker is first used
 
     aiomqtt = LazyModule("aiomqtt", "MQTT needs aiomqtt: pip install 'deniable[mqtt]'")
 
+log = logging.getLogger("deniable.client.mqtt")
 _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -110,6 +112,9 @@ def _with_tls(broker: BrokerAddress, ca: Path | None, insecure: bool) -> BrokerA
     if insecure:
         if broker.tls is not None or ca is not None:
             raise ValueError("choose TLS (a CA or the broker's tls context) or insecure, not both")
+        log.warning(
+            "INSECURE: plaintext MQTT to %s:%s (asked for by name; tests only)", broker.host, broker.port
+        )
         return broker
     if broker.tls is not None:
         return broker

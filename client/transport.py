@@ -8,6 +8,7 @@ the same request again later can succeed.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Final, Protocol, runtime_checkable
 
@@ -16,6 +17,8 @@ import grpc
 from deniable.core.plumbing.tls import ClientTls, open_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc
+
+log = logging.getLogger("deniable.client")
 
 RETRYABLE_CODES: Final = frozenset(
     {
@@ -86,6 +89,8 @@ class GrpcTransport:
             raise ValueError("timeout_s must be positive")
         if insecure and tls is not None:
             raise ValueError("choose tls or insecure, not both")
+        if insecure:
+            log.warning("INSECURE: plaintext gRPC to the shuffler at %s (asked for by name)", address)
         self.address = address
         self.timeout_s = timeout_s
         self.tls = tls

@@ -12,12 +12,24 @@ deniable=${DENIABLE:-deniable}
 [ -e "$out/certs" ] || [ -e "$out/secrets" ] && { echo "dev-setup.sh: $out/certs or secrets exists; kept" >&2; exit 0; }
 umask 077
 tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
-"$deniable" certs dev --out "$tmp" --host aggregator --host shuffler >/dev/null
-for role in aggregator shuffler operator; do  # each party gets only its own key and the CA
-  install -d -m 0750 -o 10001 -g 10001 "$out/certs/$role"
-  install -m 0644 -o 10001 -g 10001 "$tmp/ca.pem" "$tmp/$role.pem" "$out/certs/$role/"
-  install -m 0600 -o 10001 -g 10001 "$tmp/$role.key" "$out/certs/$role/"
-done
+"$deniable" certs dev --out "$tmp" --aggregator-host aggregator --shuffler-host shuffler \
+  --mqtt-host mosquitto --mqtt-host localhost >/dev/null
+# One directory per holder, each with only its own key and the CAs it needs (ADR 0030): the
+# shuffler's directories hold nothing the aggregator accepts beyond the `shuffler` role.
+holder() {  # holder DIR OWNER FILE...: the directory of one holder; *.key files 0600
+  local dir=$1 owner=$2; shift 2
+  install -d -m 0750 -o "$owner" -g "$owner" "$out/certs/$dir"
+  for f in "$@"; do
+    case $f in *.key) mode=0600 ;; *) mode=0644 ;; esac
+    install -m "$mode" -o "$owner" -g "$owner" "$tmp/$f" "$out/certs/$dir/"
+  done
+}
+holder aggregator 10001 aggregator.pem aggregator.key aggregator-clients-ca.pem aggregator-ca.pem
+holder aggregator-operator 10001 aggregator-operator.pem aggregator-operator.key aggregator-ca.pem
+holder shuffler 10001 shuffler.pem shuffler.key shuffler-clients-ca.pem shuffler-ca.pem aggregator-ca.pem
+holder shuffler-operator 10001 shuffler-operator.pem shuffler-operator.key shuffler-ca.pem
+holder mosquitto 1883 mqtt-broker.pem mqtt-broker.key
+holder devices 0 shuffler-ca.pem  # what apps ship: the shuffler party's CA (gRPC and MQTT)
 install -d -m 0755 "$out/secrets"
 secret() { head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 pg=$(secret); shuffler_pw=$(secret); device_pw=$(secret)
@@ -31,5 +43,5 @@ put mosquitto.passwd 1883:1883 "shuffler:$shuffler_pw
 device:$device_pw
 "
 mosquitto_passwd -U "$out/secrets/mosquitto.passwd"  # hash in place: no plaintext reaches argv
-echo "wrote $out/certs/{aggregator,shuffler,operator} and $out/secrets; now:"
+echo "wrote $out/certs/{aggregator,aggregator-operator,shuffler,shuffler-operator,mosquitto,devices} and $out/secrets; now:"
 echo "  docker compose -f deploy/compose.yaml up -d --build"

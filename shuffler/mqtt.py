@@ -157,6 +157,10 @@ class MqttIngress:
     async def _session(self) -> None:
         """One broker connection: subscribe, announce, handle requests until it drops."""
         broker = self.config.broker
+        if broker.tls is None:
+            log.warning(
+                "INSECURE: plaintext MQTT to %s:%s (--mqtt-insecure; tests only)", broker.host, broker.port
+            )
         identifier = f"deniable-shuffler-{default_rng().randbits(64):016x}"
         async with aiomqtt.Client(
             broker.host,

@@ -15,7 +15,14 @@ from grpc_health.v1.health import aio as health_aio
 
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing import jetstream, service, tracing
-from deniable.core.plumbing.auth import ANYONE, HEALTH_METHODS, AccessPolicy, AuthInterceptor, warn_open
+from deniable.core.plumbing.auth import (
+    ANYONE,
+    HEALTH_METHODS,
+    SHUFFLER_OPERATOR,
+    AccessPolicy,
+    AuthInterceptor,
+    warn_open,
+)
 from deniable.core.plumbing.health import Check, HealthMonitor
 from deniable.core.plumbing.tls import ClientTls, ServerTls, check_transport, open_channel
 from deniable.shuffler.batcher import MAX_BATCH_BYTES, Batcher
@@ -49,8 +56,10 @@ ACCESS_POLICY: Final = AccessPolicy(
         f"/{SERVICE_NAME}/SubmitReports": ANYONE,
         **{method: ANYONE for method in HEALTH_METHODS},
     },
+    default=SHUFFLER_OPERATOR,
 )
-"""Devices reach GetCampaign, SubmitReports and health; any other RPC needs the operator role."""
+"""Devices reach GetCampaign, SubmitReports and health; any other RPC (Flush, Stats) needs the
+shuffler's own operator role, issued by the shuffler's CA (ADR 0030)."""
 
 
 def open_spool(kind: str, path: Path, store: str | None = None) -> SpoolStore:
@@ -120,7 +129,8 @@ class ShufflerConfig:
     operator_listen: str | None = None
     """The mutual-TLS port for operators (Flush, Stats) and devices with credentials (TLS only)."""
     upstream_ca: Path | None = None
-    """The CA of the aggregator's certificate when it is not ``tls.ca``."""
+    """The aggregator party's CA (required with TLS): the only CA the upstream channel trusts, so
+    that only the ``aggregator`` certificate (the one role it issues with server auth) is accepted."""
     quota_per_source: int = DEFAULT_QUOTA_PER_SOURCE
     """Reports one source address (or device credential) may spool per campaign per window; 0: no limit.
     A campaign's ``quota_per_source`` overrides it."""
@@ -189,7 +199,7 @@ async def _nats_forwarder(
 
     assert config.forward_nats is not None
     own = config.tls
-    tls = None if own is None else jetstream.tls_context(own.cert, own.key, own.ca)
+    tls = None if own is None else jetstream.tls_context(own.cert, own.key, config.upstream_ca or own.ca)
     client, js = await jetstream.connect(config.forward_nats, tls, config.insecure)
     return client, NatsForwarder(store, js, metrics, timeout_s=config.forward_deadline_s)
 
@@ -341,7 +351,8 @@ async def _open_parts(config: ShufflerConfig, upstream_tls: ClientTls | None) ->
 
 def _new_server(config: ShufflerConfig, metrics: ShufflerMetrics) -> grpc.aio.Server:
     """The gRPC server with the access policy, raw SubmitReports, limits and tracing."""
-    guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, open_all=config.insecure)
+    issuers = None if config.tls is None else config.tls.issuers()
+    guard = AuthInterceptor(ACCESS_POLICY, metrics.auth_refusals, issuers, open_all=config.insecure)
     return service.new_server(
         config.max_message_bytes,
         interceptors=[guard, RawSubmitInterceptor()],
@@ -448,6 +459,7 @@ def _log_listening(config: ShufflerConfig, address: str, operator_address: str |
     """The start-up log line: where, with what transport security, from which configuration."""
     if config.insecure:
         warn_open("the shuffler")
+        log.warning("INSECURE: plaintext channel to the aggregator at %s (--insecure)", config.upstream)
     tls = "TLS, operators mutual TLS" if config.tls else "plaintext (insecure)"
     log.info(
         "shuffler listening on %s (%s; operator port %s; config: %s)",

@@ -385,8 +385,9 @@ def run_demo(
 def tls_line(mqtt_broker: BrokerAddress | None, mqtt_insecure: bool) -> str:
     """What the demo says first: which links are encrypted and who verifies whom."""
     return (
-        "TLS on every link with throwaway certificates from a fresh development CA: devices verify the"
-        " shuffler,\nthe shuffler and the operator authenticate to the aggregator with client certificates"
+        "TLS on every link with throwaway certificates, one fresh development CA per party: devices"
+        " accept only\nthe shuffler's certificate, the shuffler only the aggregator's; the shuffler and"
+        " the aggregator's operator\nauthenticate to the aggregator with client certificates"
         + (
             ""
             if mqtt_broker is None

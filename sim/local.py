@@ -1,8 +1,9 @@
 """Simulated devices through real services in this process: the demo's engine, usable from a notebook.
 
 ``local_services`` starts an aggregator and a shuffler on free loopback ports in a directory you
-give, with TLS on every link from a throwaway development CA (devices verify the shuffler; the
-shuffler and the operator authenticate to the aggregator with client certificates). Through it:
+give, with TLS on every link from throwaway per-party development CAs (devices trust only the
+shuffler's CA; the shuffler trusts only the aggregator's; the shuffler and the aggregator's
+operator authenticate to the aggregator with client certificates, each from its own party's CA). Through it:
 create a campaign as the operator, have simulated devices report through the real client SDK
 (randomise -> encode -> seal -> outbox -> gRPC), close the campaign and read the answer::
 
@@ -32,7 +33,7 @@ import grpc
 from deniable.aggregator import AggregatorConfig, RunningAggregator, start_aggregator
 from deniable.client import GrpcTransport, Outbox, Reporter, Transport
 from deniable.core.plumbing.certs import DevCerts, write_dev_certs
-from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing.tls import ServerTls, open_channel
 from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
 from deniable.shuffler.mqtt import MqttIngressConfig
 from deniable.v1 import deniable_pb2 as pb
@@ -84,13 +85,13 @@ class LocalServices:
         """A device's gRPC transport to the shuffler, verifying it against the throwaway CA."""
         if not self.tls:
             return GrpcTransport(self.shuffler.address, insecure=True)
-        return GrpcTransport(self.shuffler.address, tls=ClientTls(ca=self.certs.ca))
+        return GrpcTransport(self.shuffler.address, tls=self.certs.client_tls("shuffler"))
 
     def device_channel(self) -> grpc.aio.Channel:
         """A raw gRPC channel to the shuffler as a device opens it (for drivers below the SDK)."""
         if not self.tls:
             return open_channel(self.shuffler.address, insecure=True)
-        return open_channel(self.shuffler.address, ClientTls(ca=self.certs.ca))
+        return open_channel(self.shuffler.address, self.certs.client_tls("shuffler"))
 
     async def report(
         self,
@@ -185,7 +186,7 @@ async def local_services(
     With ``mqtt`` the shuffler also serves that broker; ``shuffler_settings`` override its
     ``ShufflerConfig``; ``tls=False`` runs every link in plaintext. Both stop when the block ends.
     """
-    certs = write_dev_certs(workdir / "certs")  # throwaway: a CA and a certificate per role
+    certs = write_dev_certs(workdir / "certs")  # throwaway: a CA per party, a certificate per role
     aggregator = await start_aggregator(
         AggregatorConfig(
             data_dir=workdir / "aggregator",
@@ -200,7 +201,7 @@ async def local_services(
         )
         shuffler = await start_shuffler(ShufflerConfig(**settings))
         try:
-            operator_tls = ClientTls(ca=certs.ca, cert=certs.cert("operator"), key=certs.key("operator"))
+            operator_tls = certs.client_tls("aggregator", "aggregator-operator")
             channel = open_channel(aggregator.address, operator_tls if tls else None, insecure=not tls)
             try:
                 stub = pb_grpc.AggregatorStub(channel)
@@ -214,8 +215,8 @@ async def local_services(
 
 
 def _server_tls(certs: DevCerts, role: str, tls: bool) -> ServerTls | None:
-    """The role's certificate and key from the throwaway CA (None in plaintext)."""
-    return ServerTls(certs.cert(role), certs.key(role), certs.ca) if tls else None
+    """The role's certificate and key and its clients' CAs, from the throwaway CAs (None in plaintext)."""
+    return certs.server_tls(role) if tls else None
 
 
 def _shuffler_settings(workdir: Path, upstream: str, certs: DevCerts, tls: bool) -> dict[str, Any]:
@@ -225,6 +226,7 @@ def _shuffler_settings(workdir: Path, upstream: str, certs: DevCerts, tls: bool)
         "upstream": upstream,
         "listen": "127.0.0.1:0",
         "tls": _server_tls(certs, "shuffler", tls),
+        "upstream_ca": certs.ca("aggregator") if tls else None,
         "insecure": not tls,
         "quota_per_source": 0,  # every simulated device shares 127.0.0.1
         # A 48 MiB chunk (~290k messages) takes the aggregator longer than the default 30 s

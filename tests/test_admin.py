@@ -24,12 +24,13 @@ from deniable.admin.health import SERVICES, check
 from deniable.admin.keys import destroy_key, key_row, list_keys, read_keys, rotate_key
 from deniable.admin.privacy import amplification, profile_table
 from deniable.admin.queries import query
+from deniable.admin.rpc import call
 from deniable.admin.shuffler import flush, release_below_n_min, spool, spool_rows
 from deniable.admin.status import gather_status
 from deniable.aggregator import RunningAggregator
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.certs import DevCerts
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import INSECURE, ClientTls
 from deniable.shuffler import RunningShuffler
 from deniable.v1 import deniable_pb2 as pb
 
@@ -42,6 +43,7 @@ class Deployment:
     shuffler: RunningShuffler
     operator: ClientTls
     data_dir: Path
+    shuffler_operator: ClientTls
 
 
 @pytest.fixture
@@ -50,8 +52,9 @@ async def deployment(tmp_path: Path, dev_certs: DevCerts) -> AsyncIterator[Deplo
         aggregator,
         shuffler,
     ):
-        operator = ClientTls(ca=dev_certs.ca, cert=dev_certs.cert("operator"), key=dev_certs.key("operator"))
-        yield Deployment(aggregator, shuffler, operator, tmp_path / "agg")
+        operator = dev_certs.client_tls("aggregator", "aggregator-operator")
+        shuffler_operator = dev_certs.client_tls("shuffler", "shuffler-operator")
+        yield Deployment(aggregator, shuffler, operator, tmp_path / "agg", shuffler_operator)
 
 
 def test_spec_builds_the_request_and_checks_planning_inputs() -> None:
@@ -93,19 +96,20 @@ async def test_operator_actions_without_the_cli(deployment: Deployment) -> None:
     rotated = await rotate_key(agg, "x25519", tls)
     assert rotated.key_id != created.key_id and rotated.active
 
-    assert spool_rows(await spool(shuf, tls)) == []
-    flushed = await flush(shuf, tls)
+    shuf_tls = deployment.shuffler_operator  # the shuffler's own operator, not the aggregator's
+    assert spool_rows(await spool(shuf, shuf_tls)) == []
+    flushed = await flush(shuf, shuf_tls)
     assert flushed.reports_forwarded == 0
     with pytest.raises(ValueError, match="--below-n-min needs --campaign"):
         await release_below_n_min(agg, "", tls)
 
-    status = await gather_status(agg, [shuf, "127.0.0.1:1"], tls)
+    status = await gather_status(agg, [shuf, "127.0.0.1:1"], tls, shuf_tls)
     assert [c["id"] for c in status["campaigns"]] == ["admin-1"]
     assert "error" in status["shufflers"][1] and status["shufflers"][0]["campaigns"] == []
 
     closed = await close_campaign(agg, "admin-1", tls)
     assert closed.closed
-    deleted = await delete_campaign(agg, "admin-1", [shuf], tls)
+    deleted = await delete_campaign(agg, "admin-1", [shuf], tls, shuf_tls)
     assert (deleted.campaign_id, deleted.counted) == ("admin-1", 0)
     assert await check(agg, SERVICES["aggregator"], tls, 3.0) == "SERVING"
 
@@ -130,7 +134,18 @@ async def test_query_and_destroy_answer_like_the_service(deployment: Deployment)
 
 
 async def test_health_of_nothing_is_unreachable() -> None:
-    assert (await check("127.0.0.1:1", "", None, 1.0)).startswith("UNREACHABLE(")
+    assert (await check("127.0.0.1:1", "", INSECURE, 1.0)).startswith("UNREACHABLE(")
+
+
+async def test_a_missing_tls_setting_never_means_plaintext() -> None:
+    """``tls=None`` is refused before any connection (issue 20 item 9); plaintext only by name."""
+    with pytest.raises(ConfigurationError, match="--insecure by name"):
+        await call("127.0.0.1:1", lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=1), tls=None)
+    with pytest.raises(ConfigurationError, match="--insecure by name"):
+        await check("127.0.0.1:1", "", None, 1.0)  # type: ignore[arg-type]
+    for chosen in ({"tls": INSECURE}, {"insecure": True}):  # the control: by name it is attempted
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call("127.0.0.1:1", lambda s: s.ListKeys(pb.ListKeysRequest(), timeout=1), **chosen)
 
 
 def test_read_keys_from_a_data_directory(tmp_path: Path) -> None:

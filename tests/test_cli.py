@@ -31,14 +31,22 @@ def certs(tmp_path: Path) -> Path:
     return tmp_path / "certs"
 
 
-def _tls(certs: Path, role: str) -> list[str]:
+CA_OF = {
+    "aggregator": "aggregator-clients-ca",  # a service verifies its callers with its bundle
+    "shuffler": "shuffler-clients-ca",
+    "aggregator-operator": "aggregator-ca",  # a client trusts only the party it reaches
+    "shuffler-operator": "shuffler-ca",
+}
+
+
+def _tls(certs: Path, role: str, ca: str | None = None) -> list[str]:
     return [
         "--tls-cert",
         str(certs / f"{role}.pem"),
         "--tls-key",
         str(certs / f"{role}.key"),
         "--tls-ca",
-        str(certs / "ca.pem"),
+        str(certs / f"{ca or CA_OF[role]}.pem"),
     ]
 
 
@@ -75,6 +83,8 @@ def services(tmp_path: Path, certs: Path) -> Iterator[tuple[str, str]]:
             "--operator-listen",
             f"127.0.0.1:{op_port}",
             *_tls(certs, "shuffler"),
+            "--upstream-ca",
+            str(certs / "aggregator-ca.pem"),
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -115,7 +125,11 @@ def test_demo_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.Captu
 
 def test_operator_commands_against_served_processes(services: tuple[str, str], certs: Path) -> None:
     aggregator, shuffler = services
-    operator = _tls(certs, "operator")
+    operator = _tls(certs, "aggregator-operator")
+    shuffler_operator = _tls(certs, "shuffler-operator")
+    shuffler_flags = [  # the same files under the --shuffler-tls-* names
+        f"--shuffler-{flag[2:]}" if flag.startswith("--") else flag for flag in shuffler_operator
+    ]
     created = _run(
         "campaign",
         "create",
@@ -141,6 +155,8 @@ def test_operator_commands_against_served_processes(services: tuple[str, str], c
     listed = _run("campaign", "list", "--aggregator", aggregator, "--json", *operator)
     assert [c["id"] for c in json.loads(listed.stdout)] == ["lang"]
     flushed = _run("shuffler", "flush", "--shuffler", shuffler, *operator)
+    assert flushed.returncode == 1 and "UNAVAILABLE" in flushed.stderr  # not the aggregator's operator
+    flushed = _run("shuffler", "flush", "--shuffler", shuffler, *shuffler_operator)
     assert flushed.returncode == 0, flushed.stderr
     windowed = _run(
         "campaign", "create", "--aggregator", aggregator, "--id", "win", "--question", "Q?",
@@ -150,17 +166,25 @@ def test_operator_commands_against_served_processes(services: tuple[str, str], c
     assert windowed.returncode == 0, windowed.stderr
     made = json.loads(windowed.stdout)
     assert made["batch_target"] == 20 and made["window_end_unix"] > 0 and not made["closed"]
-    closed = _run("campaign", "close", "win", "--aggregator", aggregator, "--shuffler", shuffler, *operator)
+    half = _run("campaign", "close", "win", "--aggregator", aggregator, "--shuffler", shuffler, *operator)
+    assert half.returncode == 2 and "--shuffler-tls-ca" in half.stderr  # the shuffler's credential apart
+    closed = _run(
+        "campaign", "close", "win", "--aggregator", aggregator, "--shuffler", shuffler, *operator,
+        *shuffler_flags,
+    )  # fmt: skip
     assert closed.returncode == 0, closed.stderr
     assert "closed win" in closed.stdout
     listed = _run("campaign", "list", "--aggregator", aggregator, "--json", *operator)
     assert {c["id"]: c["closed"] for c in json.loads(listed.stdout)} == {"lang": False, "win": True}
+    stolen = _run("campaign", "release-below-n-min", "win", "--aggregator", aggregator,
+                  *_tls(certs, "shuffler-operator", "aggregator-ca"))  # fmt: skip
+    assert stolen.returncode == 1 and "PERMISSION_DENIED" in stolen.stderr  # the shuffler's party cannot
+    released = _run("campaign", "release-below-n-min", "win", "--aggregator", aggregator, *operator)
+    assert released.returncode == 0 and "recorded at the aggregator" in released.stdout, released.stderr
     below = _run(
-        "shuffler", "flush", "--shuffler", shuffler, "--aggregator", aggregator, "--campaign", "win",
-        "--below-n-min", *operator,
-    )  # fmt: skip
+        "shuffler", "flush", "--shuffler", shuffler, "--campaign", "win", "--below-n-min", *shuffler_operator
+    )
     assert below.returncode == 0, below.stderr
-    assert "recorded at the aggregator" in below.stdout
     answer_win = _run("query", "binary-sum", "win", "--aggregator", aggregator, "--json", *operator)
     assert json.loads(answer_win.stdout)["below_n_min_authorised"] is True
     bad = _run("campaign", "create", "--aggregator", aggregator, "--id", "x", "--question", "Q?",
@@ -179,13 +203,13 @@ def test_operator_commands_against_served_processes(services: tuple[str, str], c
     assert len(bytes.fromhex(shown["signing_public_key"])) == 32
     assert shown["keys"][0]["state"] == "active"
     assert set(shown["keys"][0]["campaigns"]) == {"lang", "win"}  # "win": the batch-target campaign above
-    shuffler_cert = [*_tls(certs, "shuffler")]  # a valid certificate, but not the operator's role
+    shuffler_cert = _tls(certs, "shuffler", "aggregator-ca")  # a valid certificate, not the operator's
     refused = _run("campaign", "list", "--aggregator", aggregator, *shuffler_cert)
     assert refused.returncode == 0  # the shuffler role may read campaigns (it relays them) ...
     refused = _run("query", "histogram", "lang", "--aggregator", aggregator, *shuffler_cert)
     assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr  # ... but not query
     no_cert = _run(
-        "query", "histogram", "lang", "--aggregator", aggregator, "--tls-ca", str(certs / "ca.pem")
+        "query", "histogram", "lang", "--aggregator", aggregator, "--tls-ca", str(certs / "aggregator-ca.pem")
     )
     assert no_cert.returncode == 1 and len(no_cert.stderr.strip().splitlines()) == 1
 
@@ -214,7 +238,7 @@ def test_key_rotation_hybrid_campaign_close_and_destroy_commands(
 ) -> None:
     """keys rotate / campaign create --kem / campaign close / keys destroy, through the served CLI."""
     aggregator, _ = services
-    op = ["--aggregator", aggregator, *_tls(certs, "operator")]
+    op = ["--aggregator", aggregator, *_tls(certs, "aggregator-operator")]
     base = [*op, "--kind", "binary", "--question", "q?", "--epsilon0", "1", "--json"]
     assert _run("campaign", "create", "--id", "old", *base).returncode == 0
     rotated = _run("keys", "rotate", *op)
@@ -295,8 +319,9 @@ def test_demo_over_an_mqtt_broker(tmp_path: Path, mqtt_broker: BrokerAddress, mq
 @pytest.mark.parametrize(
     ("options", "words"),
     [
-        (["--mqtt", "host:notaport"], "MQTT broker port"),
-        (["--mqtt", "127.0.0.1:1883", "--mqtt-prefix", "a/#"], "topic prefix"),
+        (["--mqtt", "host:notaport", "--mqtt-insecure"], "MQTT broker port"),
+        (["--mqtt", "127.0.0.1:1883", "--mqtt-insecure", "--mqtt-prefix", "a/#"], "topic prefix"),
+        (["--mqtt", "127.0.0.1:1883"], "--mqtt-insecure"),  # never silently plaintext (issue 20)
         (["--mqtt", "127.0.0.1:1883", "--mqtt-ca", "/nonexistent/ca.pem"], "CA"),
     ],
 )

@@ -13,20 +13,21 @@ from deniable.cli.main import build_parser, main
 from deniable.cli.options import secret_from_env, store_dsn
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.certs import DevCerts
-from deniable.core.plumbing.tls import ClientTls, ServerTls
+from deniable.core.plumbing.tls import ClientTls
 
 
 async def test_health_speaks_mutual_tls_and_reports_unreachable(tmp_path: Path, dev_certs: DevCerts) -> None:
-    tls = ServerTls(dev_certs.cert("aggregator"), dev_certs.key("aggregator"), dev_certs.ca)
+    tls = dev_certs.server_tls("aggregator")
     running = await start_aggregator(
         AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", tls=tls)
     )
-    own = ClientTls(ca=dev_certs.ca, cert=dev_certs.cert("aggregator"), key=dev_certs.key("aggregator"))
+    own = dev_certs.client_tls("aggregator", "aggregator")
     try:
         assert await check(running.address, "", own, 5.0) == "SERVING"
         assert await check(running.address, "deniable.v1.Aggregator", own, 5.0) == "SERVING"
         # mutual TLS: without a client certificate the handshake fails, so does the check
-        assert (await check(running.address, "", ClientTls(ca=dev_certs.ca), 5.0)).startswith("UNREACHABLE")
+        anonymous = ClientTls(ca=dev_certs.ca("aggregator"))
+        assert (await check(running.address, "", anonymous, 5.0)).startswith("UNREACHABLE")
     finally:
         await running.stop()
     closed = f"127.0.0.1:{free_port()}"

@@ -1,8 +1,10 @@
 """Who may call which RPC: a per-method allow-list checked by a server interceptor, default deny.
 
-A method not in the policy needs the operator role, so an RPC added later is closed until it is
-listed. Refusals end the call with UNAUTHENTICATED (no certificate, or one without a role) or
-PERMISSION_DENIED (the wrong role) and count in ``deniable_auth_refusals_total``. With
+A method not in the policy needs the policy's ``default`` roles (the service's own operator role:
+``aggregator-operator`` or ``shuffler-operator``), so an RPC added later is closed until it is
+listed. Refusals end the call with UNAUTHENTICATED (no certificate, one without a role, one naming
+the removed ``operator`` role, or a role issued by another party's CA) or PERMISSION_DENIED (the
+wrong role) and count in ``deniable_auth_refusals_total``. With
 ``open_all`` (``--insecure``, tests only) nothing is checked.
 """
 
@@ -11,25 +13,42 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
+from cryptography import x509
 from prometheus_client import Counter
 
-from deniable.core.plumbing.tls import NO_CERTIFICATE, NO_ROLE, PeerRoles
+from deniable.core.plumbing.tls import (
+    NO_CERTIFICATE,
+    NO_ROLE,
+    RETIRED_ROLE,
+    RETIRED_ROLES,
+    WRONG_ISSUER,
+    PeerRoles,
+)
 
 log = logging.getLogger("deniable.auth")
 
 ANYONE: Final = frozenset({"*"})
 """Allowed with or without a certificate (device RPCs, health)."""
-OPERATOR: Final = frozenset({"operator"})
+AGGREGATOR_OPERATOR: Final = frozenset({"aggregator-operator"})
+SHUFFLER_OPERATOR: Final = frozenset({"shuffler-operator"})
 HEALTH_METHODS: Final = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _MESSAGES: Final = {
     "no_certificate": "this RPC needs a client certificate",
     "no_role": "the client certificate names no deniable role",
+    "retired_role": RETIRED_ROLES["operator"],
+    "wrong_issuer": "the client certificate's role was not issued by the CA of that role's party",
+}
+_UNAUTHENTICATED: Final = {
+    NO_CERTIFICATE: "no_certificate",
+    NO_ROLE: "no_role",
+    RETIRED_ROLE: "retired_role",
+    WRONG_ISSUER: "wrong_issuer",
 }
 
 
@@ -39,7 +58,7 @@ class AccessPolicy:
 
     service: str
     allowed: Mapping[str, frozenset[str]]
-    default: frozenset[str] = field(default=OPERATOR)
+    default: frozenset[str]
 
     def roles_for(self, method: str) -> frozenset[str]:
         """The roles that may call ``method``."""
@@ -51,10 +70,8 @@ def refusal(policy: AccessPolicy, method: str, role: str) -> tuple[grpc.StatusCo
     roles = policy.roles_for(method)
     if roles is ANYONE or "*" in roles:
         return None
-    if role == NO_CERTIFICATE:
-        return grpc.StatusCode.UNAUTHENTICATED, "no_certificate"
-    if role == NO_ROLE:
-        return grpc.StatusCode.UNAUTHENTICATED, "no_role"
+    if role in _UNAUTHENTICATED:
+        return grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED[role]
     if role not in roles:
         return grpc.StatusCode.PERMISSION_DENIED, "wrong_role"
     return None
@@ -63,12 +80,21 @@ def refusal(policy: AccessPolicy, method: str, role: str) -> tuple[grpc.StatusCo
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Checks every call against an ``AccessPolicy`` before the servicer sees it."""
 
-    def __init__(self, policy: AccessPolicy, refusals: Counter, *, open_all: bool = False) -> None:
-        """``refusals``: a counter labelled service, rpc, reason; ``open_all``: insecure test mode."""
+    def __init__(
+        self,
+        policy: AccessPolicy,
+        refusals: Counter,
+        issuers: Mapping[str, tuple[x509.Certificate, ...]] | None = None,
+        *,
+        open_all: bool = False,
+    ) -> None:
+        """``refusals``: a counter labelled service, rpc, reason; ``issuers``: each party's CAs
+        (``ServerTls.issuers``; a role counts only from its own party's CA); ``open_all``:
+        insecure test mode."""
         self._policy = policy
         self._refusals = refusals
         self._open_all = open_all
-        self._roles = PeerRoles()
+        self._roles = PeerRoles(issuers or {})
 
     async def intercept_service(
         self,

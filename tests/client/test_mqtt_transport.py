@@ -225,15 +225,16 @@ async def test_the_transport_verifies_the_broker_certificate(
     broker.stop()
     broker.config.write_text(  # user root: mosquitto keeps root to read the 0600 key (CI runs as root)
         f"listener {broker.port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"
-        f"persistence false\nlog_dest stderr\nuser root\ncafile {dev_certs.ca}\n"
+        f"persistence false\nlog_dest stderr\nuser root\ncafile {dev_certs.ca('shuffler')}\n"
         f"certfile {dev_certs.cert('shuffler')}\nkeyfile {dev_certs.key('shuffler')}\n"
     )
     broker.start()
     campaign = make_campaign()
-    trusting = MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, ca=dev_certs.ca)
+    shuffler_ca = str(dev_certs.ca("shuffler"))
+    trusting = MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, ca=dev_certs.ca("shuffler"))
     try:
         async with aiomqtt.Client(
-            "127.0.0.1", broker.port, tls_context=ssl.create_default_context(cafile=str(dev_certs.ca))
+            "127.0.0.1", broker.port, tls_context=ssl.create_default_context(cafile=shuffler_ca)
         ) as client:
             topic = mqtt.campaign_topic(mqtt.DEFAULT_PREFIX, campaign.id)
             await client.publish(topic, campaign.SerializeToString(), qos=1, retain=True)
@@ -242,7 +243,7 @@ async def test_the_transport_verifies_the_broker_certificate(
         await trusting.close()
     for others in (
         MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0),
-        MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, ca=other_ca_certs.ca),
+        MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, ca=other_ca_certs.ca("shuffler")),
         MqttTransport(broker.address, timeout_s=2.0, campaign_wait_s=1.0, insecure=True),
     ):
         try:

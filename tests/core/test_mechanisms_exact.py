@@ -29,6 +29,8 @@ CONFIGS = [("binary_rr", eps, 2) for eps in EPSILONS] + [
     ("grr", eps, k) for eps in EPSILONS for k in GRR_SIZES
 ]
 CONFIG_IDS = [f"{name}-eps{eps}-k{k}" for name, eps, k in CONFIGS]
+
+
 def build(name: str, eps: float, k: int) -> LocalRandomiser:
     return mechanisms.create(name, epsilon0=eps, domain_size=k)
 

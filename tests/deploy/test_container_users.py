@@ -89,7 +89,8 @@ def secret_volume(root: Path, files: dict[str, Path], fs_group: int = UID, mode:
 def aggregator_argv(data_dir: Path, tls: Path, port: int) -> list[str]:
     return deniable(
         "aggregator", "serve", f"--listen=127.0.0.1:{port}", f"--data-dir={data_dir}", "--decrypt-workers=0",
-        f"--tls-cert={tls}/aggregator.pem", f"--tls-key={tls}/aggregator.key", f"--tls-ca={tls}/ca.pem",
+        f"--tls-cert={tls}/aggregator.pem", f"--tls-key={tls}/aggregator.key",
+        f"--tls-ca={tls}/aggregator-clients-ca.pem",
     )  # fmt: skip
 
 
@@ -137,7 +138,7 @@ def test_services_start_as_10001_on_the_image_layout_with_dev_setup_certificates
     )  # fmt: skip
     shuffler = None
     try:
-        check = [f"--address=127.0.0.1:{agg_port}", f"--tls-ca={agg_tls}/ca.pem",
+        check = [f"--address=127.0.0.1:{agg_port}", f"--tls-ca={agg_tls}/aggregator-ca.pem",
                  f"--tls-cert={agg_tls}/aggregator.pem", f"--tls-key={agg_tls}/aggregator.key"]  # fmt: skip
         assert healthy(as_uid(), check) == "SERVING"
         shuffler = subprocess.Popen(
@@ -145,12 +146,13 @@ def test_services_start_as_10001_on_the_image_layout_with_dev_setup_certificates
                 "shuffler", "serve", f"--listen=127.0.0.1:{shuf_port}",
                 f"--data-dir={image_data_dir(root, 'shuffler')}", f"--upstream=127.0.0.1:{agg_port}",
                 f"--operator-listen=127.0.0.1:{free_port()}", f"--tls-cert={shuf_tls}/shuffler.pem",
-                f"--tls-key={shuf_tls}/shuffler.key", f"--tls-ca={shuf_tls}/ca.pem",
+                f"--tls-key={shuf_tls}/shuffler.key", f"--tls-ca={shuf_tls}/shuffler-clients-ca.pem",
+                f"--upstream-ca={shuf_tls}/aggregator-ca.pem",
             )],
             stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert (
-            healthy(as_uid(), [f"--address=127.0.0.1:{shuf_port}", f"--tls-ca={shuf_tls}/ca.pem"])
+            healthy(as_uid(), [f"--address=127.0.0.1:{shuf_port}", f"--tls-ca={shuf_tls}/shuffler-ca.pem"])
             == "SERVING"
         )
     finally:
@@ -166,9 +168,10 @@ def test_kubelet_fsgroup_modes_need_the_named_key_group(root: Path) -> None:
     volume.mkdir()
     kubelet_fsgroup_pass(volume)  # first mount: empty volume, root-owned, group fsGroup
     certs = root / "certs" / "aggregator"
-    tls = secret_volume(root, {n: certs / n for n in ("aggregator.pem", "aggregator.key", "ca.pem")})
+    files = ("aggregator.pem", "aggregator.key", "aggregator-clients-ca.pem", "aggregator-ca.pem")
+    tls = secret_volume(root, {n: certs / n for n in files})
     port = free_port()
-    check = [f"--address=127.0.0.1:{port}", f"--tls-ca={tls}/ca.pem",
+    check = [f"--address=127.0.0.1:{port}", f"--tls-ca={tls}/aggregator-ca.pem",
              f"--tls-cert={tls}/aggregator.pem", f"--tls-key={tls}/aggregator.key"]  # fmt: skip
     pod = as_uid(UID)  # the runtime adds fsGroup to the process's groups
     env = {**os.environ, "DENIABLE_KEY_GROUP": str(UID)}

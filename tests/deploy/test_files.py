@@ -66,9 +66,12 @@ def test_compose_wiring_agrees(dp: ModuleType) -> None:
     shuffler = parses(services["shuffler"]["command"])
     aggregator = parses(services["aggregator"]["command"])
     assert shuffler.upstream == f"aggregator:{aggregator.listen.rsplit(':', 1)[1]}"
-    assert shuffler.mqtt == "mosquitto:1883"
+    assert shuffler.mqtt == "mosquitto:8883" and shuffler.mqtt_ca is not None and not shuffler.mqtt_insecure
     conf = (dp.DEPLOY / "mosquitto.conf").read_text()
-    assert [line for line in conf.splitlines() if line.startswith("listener")] == ["listener 1883 0.0.0.0"]
+    # TLS listener only (issue 20): no plaintext port is configured or published
+    assert [line for line in conf.splitlines() if line.startswith("listener")] == ["listener 8883 0.0.0.0"]
+    assert "certfile /mosquitto/certs/mqtt-broker.pem" in conf and "keyfile" in conf
+    assert services["mosquitto"]["ports"] == ["8883:8883"]
     assert "set_tcp_nodelay true" in conf and "allow_anonymous false" in conf and "acl_file" in conf
 
 
@@ -265,7 +268,10 @@ def test_network_policies_separate_the_parties(
     assert policies["default-deny"]["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
     shufflers_and_operators = [
         {"podSelector": {"matchLabels": {"app": "deniable-shuffler"}}},
-        {"podSelector": {"matchLabels": {"deniable.dev/role": "operator"}}},
+        {"podSelector": {"matchLabels": {"deniable.dev/role": "aggregator-operator"}}},
+    ]
+    assert _allowed_from(policies["shuffler"], 7702) == [
+        [{"podSelector": {"matchLabels": {"deniable.dev/role": "shuffler-operator"}}}]
     ]
     assert _allowed_from(policies["aggregator"], 7700) == [shufflers_and_operators]
     assert _allowed_from(policies["postgres"], 5432) == [
@@ -277,7 +283,7 @@ def test_network_policies_separate_the_parties(
             if rule.get("from") is None:
                 assert (name, rule["ports"]) in (
                     ("shuffler", [{"port": 7701, "protocol": "TCP"}]),
-                    ("mosquitto", [{"port": 1883, "protocol": "TCP"}]),
+                    ("mosquitto", [{"port": 8883, "protocol": "TCP"}]),
                 )
 
 

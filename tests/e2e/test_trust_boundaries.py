@@ -37,15 +37,15 @@ class Stack:
     channels: list[grpc.aio.Channel]
     root: Path
 
-    def tls(self, role: str | None, certs: DevCerts | None = None) -> ClientTls:
-        """Trust our CA; present ``role``'s certificate from ``certs`` (default ours), or none."""
+    def tls(self, role: str | None, peer: str = "shuffler", certs: DevCerts | None = None) -> ClientTls:
+        """Trust ``peer``'s CA (ours); present ``role``'s certificate from ``certs`` (default ours)."""
         issuer = certs or self.certs
         if role is None:
-            return ClientTls(ca=self.certs.ca)
-        return ClientTls(ca=self.certs.ca, cert=issuer.cert(role), key=issuer.key(role))
+            return ClientTls(ca=self.certs.ca(peer))
+        return ClientTls(ca=self.certs.ca(peer), cert=issuer.cert(role), key=issuer.key(role))
 
     def aggregator_as(self, role: str | None, certs: DevCerts | None = None) -> pb_grpc.AggregatorAsyncStub:
-        channel = open_channel(self.aggregator.address, self.tls(role, certs))
+        channel = open_channel(self.aggregator.address, self.tls(role, "aggregator", certs))
         self.channels.append(channel)
         return pb_grpc.AggregatorStub(channel)
 
@@ -68,7 +68,7 @@ async def _start(tmp_path: Path, certs: DevCerts | None, quota: int = QUOTA) -> 
     """Aggregator and shuffler with TLS from ``certs``, or both ``insecure`` when it is None."""
 
     def files(role: str) -> ServerTls | None:
-        return None if certs is None else ServerTls(certs.cert(role), certs.key(role), certs.ca)
+        return None if certs is None else certs.server_tls(role)
 
     aggregator = await start_aggregator(
         AggregatorConfig(
@@ -85,6 +85,7 @@ async def _start(tmp_path: Path, certs: DevCerts | None, quota: int = QUOTA) -> 
             listen="127.0.0.1:0",
             operator_listen=None if certs is None else "127.0.0.1:0",
             tls=files("shuffler"),
+            upstream_ca=None if certs is None else certs.ca("aggregator"),
             insecure=certs is None,
             quota_per_source=quota,
             batch_interval_s=3600.0,
@@ -164,7 +165,7 @@ async def test_plaintext_client_against_a_tls_port_is_refused(stack: Stack, tmp_
 
 async def test_a_tls_client_refuses_a_server_it_cannot_verify(stack: Stack, other_ca_certs: DevCerts) -> None:
     """A device trusting another CA (or the system roots) does not talk to our shuffler."""
-    for tls in (ClientTls(ca=other_ca_certs.ca), ClientTls()):
+    for tls in (ClientTls(ca=other_ca_certs.ca("shuffler")), ClientTls()):
         channel = open_channel(stack.shuffler.address, tls)
         stack.channels.append(channel)
         request = pb.GetCampaignRequest(campaign_id="x")
@@ -176,20 +177,21 @@ async def test_a_tls_client_refuses_a_server_it_cannot_verify(stack: Stack, othe
 async def test_ingest_needs_a_shuffler_certificate_from_our_ca(
     stack: Stack, other_ca_certs: DevCerts
 ) -> None:
-    """No certificate, another CA's shuffler certificate, or an operator's: refused, nothing counted.
-
-    The shuffler's own certificate passes the check (the empty batch then fails validation)."""
-    operator = stack.aggregator_as("operator")
+    """No certificate, another CA's shuffler certificate, an operator's or a device's: refused,
+    nothing counted. The shuffler's own certificate passes the check (the empty batch then fails
+    validation)."""
+    operator = stack.aggregator_as("aggregator-operator")
     await operator.CreateCampaign(_campaign_request("c"))
     batch = pb.ShuffledBatch(campaign_id="c", batch_id="forged", reports=[])
     assert await _code(stack.aggregator_as(None).IngestBatch(batch, timeout=5)) == grpc.StatusCode.UNAVAILABLE
     stranger = stack.aggregator_as("shuffler", other_ca_certs)
     assert await _code(stranger.IngestBatch(batch, timeout=5)) == grpc.StatusCode.UNAVAILABLE
     assert await _code(operator.IngestBatch(batch, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
-    assert stack.refusals("aggregator", "IngestBatch", "wrong_role") == 1
-    for role in ("device",):
-        refused = await _code(stack.aggregator_as(role).IngestBatch(batch, timeout=5))
-        assert refused == grpc.StatusCode.PERMISSION_DENIED
+    shuffler_operator = stack.aggregator_as("shuffler-operator")
+    assert await _code(shuffler_operator.IngestBatch(batch, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert stack.refusals("aggregator", "IngestBatch", "wrong_role") == 2
+    device = stack.aggregator_as("device")  # the device CA is not in the aggregator's bundle
+    assert await _code(device.IngestBatch(batch, timeout=5)) == grpc.StatusCode.UNAVAILABLE
     passed = await _code(stack.aggregator_as("shuffler").IngestBatch(batch, timeout=5))
     assert passed not in (
         grpc.StatusCode.PERMISSION_DENIED,
@@ -214,17 +216,19 @@ async def test_flush_and_create_campaign_need_the_operator(stack: Stack, tmp_pat
     device_cert = stack.shuffler_as("device", operator_port=True)
     assert await _code(device_cert.Flush(flush)) == grpc.StatusCode.PERMISSION_DENIED
     assert stack.refusals("shuffler", "Flush", "wrong_role") == 1
-    assert await _code(stack.shuffler_as("operator", operator_port=True).Flush(flush)) == grpc.StatusCode.OK
+    shuffler_operator = stack.shuffler_as("shuffler-operator", operator_port=True)
+    assert await _code(shuffler_operator.Flush(flush)) == grpc.StatusCode.OK
 
     create = _campaign_request("made-by-a-stranger")
-    for role in ("device", "shuffler"):
+    for role in ("shuffler", "shuffler-operator"):  # nothing the shuffler's party holds operates it
         refused = await _code(stack.aggregator_as(role).CreateCampaign(create))
         assert refused == grpc.StatusCode.PERMISSION_DENIED, role
     assert await _code(stack.aggregator_as(None).CreateCampaign(create, timeout=5)) == (
         grpc.StatusCode.UNAVAILABLE  # no client certificate: the handshake itself fails
     )
     assert stack.refusals("aggregator", "CreateCampaign", "wrong_role") == 2
-    assert await _code(stack.aggregator_as("operator").CreateCampaign(create)) == grpc.StatusCode.OK
+    operator = stack.aggregator_as("aggregator-operator")
+    assert await _code(operator.CreateCampaign(create)) == grpc.StatusCode.OK
 
     plain = await _start(tmp_path / "plain", None)
     try:
@@ -240,7 +244,7 @@ async def test_devices_reach_campaigns_and_submit_on_the_device_port(stack: Stac
     a device with a certificate submits on the mutual-TLS port."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    created = await stack.aggregator_as("operator").CreateCampaign(_campaign_request("open"))
+    created = await stack.aggregator_as("aggregator-operator").CreateCampaign(_campaign_request("open"))
     device = stack.shuffler_as(None)
     relayed = await device.GetCampaign(pb.GetCampaignRequest(campaign_id="open"))
     assert relayed.public_key == created.public_key
@@ -256,9 +260,10 @@ async def test_devices_reach_campaigns_and_submit_on_the_device_port(stack: Stac
 
 
 async def _count_after_flush(stack: Stack, campaign_id: str) -> int:
-    operator = stack.shuffler_as("operator", operator_port=True)
+    operator = stack.shuffler_as("shuffler-operator", operator_port=True)
     await operator.Flush(pb.FlushRequest(campaign_id=campaign_id, below_n_min=True), timeout=60)
-    answer = await stack.aggregator_as("operator").BinarySum(pb.QueryRequest(campaign_id=campaign_id))
+    query = pb.QueryRequest(campaign_id=campaign_id)
+    answer = await stack.aggregator_as("aggregator-operator").BinarySum(query)
     return int(answer.n)
 
 
@@ -266,7 +271,7 @@ async def test_a_device_over_its_quota_is_refused_and_nothing_beyond_it_is_count
     """Shuffler default quota 4, a campaign overriding it with 6: one address sends 3 + 3 + 3
     reports to each; beyond the quota every request gets RESOURCE_EXHAUSTED and the aggregator
     counts exactly what was accepted. The spool and the aggregator keep no trace of the address."""
-    operator = stack.aggregator_as("operator")
+    operator = stack.aggregator_as("aggregator-operator")
     default = await operator.CreateCampaign(_campaign_request("default-quota"))
     override = await operator.CreateCampaign(_campaign_request("own-quota", quota=6))
     assert override.quota_per_source == 6
@@ -294,7 +299,8 @@ async def test_without_a_quota_the_same_flood_is_counted(tmp_path: Path, dev_cer
     """The control for the quota test: quota 0 (no limit) counts all 9 reports of one address."""
     running = await _start(tmp_path, dev_certs, quota=0)
     try:
-        campaign = await running.aggregator_as("operator").CreateCampaign(_campaign_request("open"))
+        operator = running.aggregator_as("aggregator-operator")
+        campaign = await operator.CreateCampaign(_campaign_request("open"))
         device = running.shuffler_as(None)
         for _ in range(3):
             await device.SubmitReports(pb.SubmitReportsRequest(reports=_reports(campaign, 3)))
@@ -317,7 +323,7 @@ def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) 
 
 async def test_a_certificate_of_our_ca_without_a_role_is_unauthenticated(tmp_path: Path) -> None:
     """Our CA, a valid client certificate, but no role URI: UNAUTHENTICATED, counted as no_role."""
-    ca_key, ca = make_ca()
+    ca_key, ca = make_ca("aggregator")
     ca_file = tmp_path / "ca.pem"
     ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     agg_cert, agg_key = _write(tmp_path / "agg-tls", *issue(ca_key, ca, "aggregator"))

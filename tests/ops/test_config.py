@@ -56,14 +56,42 @@ def test_flags_beat_environment_beat_file_beat_defaults(tmp_path: Path) -> None:
 
 def test_the_config_file_may_come_from_the_environment(tmp_path: Path) -> None:
     file = tmp_path / "s.toml"
-    file.write_text('data_dir = "/spool"\ninsecure = true\nquota_per_source = 7\n')
+    file.write_text('data_dir = "/spool"\nquota_per_source = 7\n')
     args = resolved(["shuffler", "serve"], {"DENIABLE_CONFIG": str(file), "DENIABLE_QUOTA_WINDOW": "60"})
     assert (args.data_dir, args.insecure, args.quota_per_source, args.quota_window) == (
         Path("/spool"),
-        True,
+        False,
         7,
         60.0,
     )
+
+
+@pytest.mark.parametrize("service", ["aggregator", "shuffler"])
+@pytest.mark.parametrize(
+    ("text", "environ", "expected"),
+    [
+        ("insecure = true\n", {}, "insecure is refused: .* pass --insecure"),
+        ("insecure = false\n", {}, "insecure is refused"),
+        ("", {"DENIABLE_INSECURE": "yes"}, "DENIABLE_INSECURE is refused: .* pass --insecure"),
+        ("mqtt_insecure = true\n", {}, "pass --mqtt-insecure"),
+        ("", {"DENIABLE_MQTT_INSECURE": "1"}, "pass --mqtt-insecure"),
+    ],
+)
+def test_plaintext_is_chosen_only_on_the_command_line(
+    tmp_path: Path, service: str, text: str, environ: dict[str, str], expected: str
+) -> None:
+    """Issue 20 item 9: a variable or a config file never switches a link to plaintext; the same
+    setting typed as a flag does (the control)."""
+    if "mqtt" in (text + str(environ)).lower() and service == "aggregator":
+        pytest.skip("the aggregator has no MQTT face")
+    file = tmp_path / "s.toml"
+    file.write_text(text)
+    argv = [service, "serve", "--data-dir", "d", "--config", str(file)]
+    with pytest.raises(ConfigurationError, match=expected) as err:
+        resolved(argv, environ)
+    assert "\n" not in str(err.value)
+    file.write_text("")
+    assert resolved([*argv, "--insecure"]).insecure is True
 
 
 def test_global_options_work_before_and_after_the_subcommand_and_in_the_file(tmp_path: Path) -> None:
@@ -94,7 +122,7 @@ def test_global_options_work_before_and_after_the_subcommand_and_in_the_file(tmp
         ("listen = [1]\n", {}, "expected a single value"),
         ("quota_per_source = 'many'\n", {}, "quota_per_source"),
         ("this is not toml\n", {}, "not valid TOML"),
-        ("", {"DENIABLE_INSECURE": "maybe"}, "DENIABLE_INSECURE"),
+        ("", {"DENIABLE_QUOTA_WINDOW": "maybe"}, "DENIABLE_QUOTA_WINDOW"),
         ("", {"DENIABLE_LOG_LEVEL": "loud"}, "DENIABLE_LOG_LEVEL"),
     ],
 )
@@ -140,9 +168,18 @@ def test_every_option_has_help_that_states_its_default() -> None:
 def test_a_service_says_where_it_listens_with_tls_state_and_config_source(tmp_path: Path) -> None:
     """INFO is visible by default for services: the start line names address, TLS and sources."""
     file = tmp_path / "agg.toml"
-    file.write_text(f'data_dir = "{tmp_path / "agg"}"\nlisten = "127.0.0.1:0"\ndecrypt_workers = 0\n')
-    env = {**os.environ, "DENIABLE_INSECURE": "true"}
-    command = [sys.executable, "-m", "deniable.cli", "aggregator", "serve", "--config", str(file)]
+    file.write_text(f'data_dir = "{tmp_path / "agg"}"\nlisten = "127.0.0.1:0"\n')
+    env = {**os.environ, "DENIABLE_DECRYPT_WORKERS": "0"}
+    command = [
+        sys.executable,
+        "-m",
+        "deniable.cli",
+        "aggregator",
+        "serve",
+        "--config",
+        str(file),
+        "--insecure",
+    ]
     with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as process:
         try:
             assert process.stderr is not None
@@ -158,4 +195,4 @@ def test_a_service_says_where_it_listens_with_tls_state_and_config_source(tmp_pa
     assert '"level": "info"' in start and '"ts": "' in start
     assert "aggregator listening on 127.0.0.1:" in start
     assert "plaintext (insecure)" in start
-    assert f"config: file {file} + env DENIABLE_INSECURE" in start
+    assert f"config: file {file} + env DENIABLE_DECRYPT_WORKERS + flags --insecure" in start

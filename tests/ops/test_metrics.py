@@ -17,7 +17,7 @@ from deniable.aggregator.metrics import AggregatorMetrics
 from deniable.core.plumbing.build import version
 from deniable.core.plumbing.certs import DevCerts
 from deniable.core.plumbing.metrics import snake_case
-from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing.tls import open_channel
 from deniable.shuffler.metrics import ShufflerMetrics
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
@@ -32,7 +32,7 @@ def sample(metrics: AggregatorMetrics | ShufflerMetrics, name: str, **labels: st
 
 @pytest.fixture
 async def tls_aggregator(tmp_path: Path, dev_certs: DevCerts) -> AsyncIterator[RunningAggregator]:
-    tls = ServerTls(cert=dev_certs.cert("aggregator"), key=dev_certs.key("aggregator"), ca=dev_certs.ca)
+    tls = dev_certs.server_tls("aggregator")
     running = await start_aggregator(
         AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", tls=tls)
     )
@@ -70,7 +70,7 @@ async def test_every_call_is_counted_with_its_code_and_timed(
     """OK, NOT_FOUND (handler), INVALID_ARGUMENT (malformed, refused by an inner interceptor) and
     PERMISSION_DENIED (refused by the auth interceptor before the servicer) all land in requests_total."""
     metrics = tls_aggregator.metrics
-    operator = ClientTls(ca=dev_certs.ca, cert=dev_certs.cert("operator"), key=dev_certs.key("operator"))
+    operator = dev_certs.client_tls("aggregator", "aggregator-operator")
     async with open_channel(tls_aggregator.address, operator) as channel:
         stub = pb_grpc.AggregatorStub(channel)
         await stub.ListCampaigns(pb.ListCampaignsRequest(), timeout=10)
@@ -81,7 +81,7 @@ async def test_every_call_is_counted_with_its_code_and_timed(
         )
         with pytest.raises(grpc.aio.AioRpcError):
             await raw(b"\xff\xff\xff", timeout=10)
-    device = ClientTls(ca=dev_certs.ca, cert=dev_certs.cert("device"), key=dev_certs.key("device"))
+    device = dev_certs.client_tls("aggregator", "shuffler-operator")
     async with open_channel(tls_aggregator.address, device) as wrong_role:
         with pytest.raises(grpc.aio.AioRpcError):
             await pb_grpc.AggregatorStub(wrong_role).ListKeys(pb.ListKeysRequest(), timeout=10)

@@ -31,21 +31,28 @@ class Stack:
     shuffler: RunningShuffler
     certs: DevCerts
 
-    def tls(self, role: str) -> list[str]:
-        """CLI options presenting ``role``'s certificate."""
+    def tls(self, role: str, peer: str = "aggregator", prefix: str = "--") -> list[str]:
+        """CLI options presenting ``role``'s certificate to ``peer`` (trusting only its CA)."""
         return [
-            "--tls-ca",
-            str(self.certs.ca),
-            "--tls-cert",
+            f"{prefix}tls-ca",
+            str(self.certs.ca(peer)),
+            f"{prefix}tls-cert",
             str(self.certs.cert(role)),
-            "--tls-key",
+            f"{prefix}tls-key",
             str(self.certs.key(role)),
         ]
 
-    def client(self, role: str | None) -> ClientTls:
+    def both(self) -> list[str]:
+        """The aggregator's operator credential, and the shuffler's for --shuffler (two parties)."""
+        return [
+            *self.tls("aggregator-operator"),
+            *self.tls("shuffler-operator", "shuffler", "--shuffler-"),
+        ]
+
+    def client(self, role: str | None, peer: str = "aggregator") -> ClientTls:
         if role is None:
-            return ClientTls(ca=self.certs.ca)
-        return ClientTls(ca=self.certs.ca, cert=self.certs.cert(role), key=self.certs.key(role))
+            return ClientTls(ca=self.certs.ca(peer))
+        return ClientTls(ca=self.certs.ca(peer), cert=self.certs.cert(role), key=self.certs.key(role))
 
 
 @pytest.fixture
@@ -84,11 +91,11 @@ async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
 async def test_status_spool_and_delete_through_the_operator_surface(
     stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async with open_channel(stack.aggregator.address, stack.client("operator")) as channel:
+    async with open_channel(stack.aggregator.address, stack.client("aggregator-operator")) as channel:
         campaign = await pb_grpc.AggregatorStub(channel).CreateCampaign(
             pb.CreateCampaignRequest(id="c1", question="Yes?", kind=pb.BINARY, epsilon0=1.0, n_min=10)
         )
-    async with open_channel(stack.shuffler.address, stack.client(None)) as device:
+    async with open_channel(stack.shuffler.address, stack.client(None, "shuffler")) as device:
         shuffler = pb_grpc.ShufflerStub(device)
         await shuffler.SubmitReports(pb.SubmitReportsRequest(reports=sealed(campaign, 10, garbage=1)))
         await stack.shuffler.flush()  # one batch of 11 (target 10): 10 counted, 1 undecryptable
@@ -96,9 +103,7 @@ async def test_status_spool_and_delete_through_the_operator_surface(
     agg, op = stack.aggregator.address, stack.shuffler.operator_address
     assert op is not None
 
-    code, out, _ = await cli(
-        capsys, "status", "--aggregator", agg, "--shuffler", op, "--json", *stack.tls("operator")
-    )
+    code, out, _ = await cli(capsys, "status", "--aggregator", agg, "--shuffler", op, "--json", *stack.both())
     assert code == 0
     status = json.loads(out)
     (row,) = status["campaigns"]
@@ -115,37 +120,47 @@ async def test_status_spool_and_delete_through_the_operator_surface(
     assert [(k["key_id"], k["state"], k["campaigns"]) for k in status["keys"]] == [
         (campaign.key_id, "active", ["c1"])
     ]
-    code, text, _ = await cli(capsys, "status", "--aggregator", agg, "--shuffler", op, *stack.tls("operator"))
+    code, text, _ = await cli(capsys, "status", "--aggregator", agg, "--shuffler", op, *stack.both())
     assert code == 0 and "held at shufflers: 2 pending + 0 in flight; batch target 10, n_min 10" in text
     assert "rejected: undecryptable 1" in text and "counted 10 in 1 batches" in text
 
-    code, _, err = await cli(capsys, "status", "--aggregator", agg, *stack.tls("device"))
-    assert code == 1 and "PERMISSION_DENIED" in err  # operator-only: the interceptor denies by default
-    code, out, _ = await cli(capsys, "shuffler", "spool", "--shuffler", op, "--json", *stack.tls("operator"))
+    code, _, err = await cli(capsys, "status", "--aggregator", agg, *stack.tls("shuffler-operator"))
+    assert code == 1 and "PERMISSION_DENIED" in err  # the aggregator's operator only: denied by default
+    code, out, _ = await cli(
+        capsys, "shuffler", "spool", "--shuffler", op, "--json", *stack.tls("shuffler-operator", "shuffler")
+    )
     assert code == 0 and json.loads(out) == [{"campaign": "c1", "pending": 2, "in_flight": 0}]
 
-    delete = ["campaign", "delete", "c1", "--aggregator", agg, "--shuffler", op, *stack.tls("operator")]
+    delete = ["campaign", "delete", "c1", "--aggregator", agg, "--shuffler", op, *stack.both()]
     code, _, err = await cli(capsys, *delete)
     assert code == 2 and "still holds 2 reports" in err  # checked at the shuffler first
-    code, _, err = await cli(capsys, "campaign", "delete", "c1", "--aggregator", agg, *stack.tls("operator"))
+    code, _, err = await cli(
+        capsys, "campaign", "delete", "c1", "--aggregator", agg, *stack.tls("aggregator-operator")
+    )
     assert code == 1 and "FAILED_PRECONDITION" in err and "is open" in err
-    code, _, _ = await cli(capsys, "campaign", "close", "c1", "--aggregator", agg, *stack.tls("operator"))
+    code, _, _ = await cli(
+        capsys, "campaign", "close", "c1", "--aggregator", agg, *stack.tls("aggregator-operator")
+    )
     assert code == 0
     release = [
-        "shuffler",
-        "flush",
-        "--below-n-min",
-        "--campaign",
+        "campaign",
+        "release-below-n-min",
         "c1",
-        "--shuffler",
-        op,
         "--aggregator",
         agg,
+        *stack.tls("aggregator-operator"),
     ]
-    code, _, err = await cli(capsys, *release, *stack.tls("operator"))  # the 2 held, authorised and recorded
+    code, _, err = await cli(capsys, *release)  # the aggregator's operator authorises ...
+    assert code == 0, err
+    flush = ["shuffler", "flush", "--below-n-min", "--campaign", "c1", "--shuffler", op]
+    code, _, err = await cli(
+        capsys, *flush, *stack.tls("shuffler-operator", "shuffler")
+    )  # ... the shuffler's releases
     assert code == 0, err
     code, out, err = await cli(capsys, *delete)
     assert code == 0, err
     assert "deleted c1" in out
-    code, out, _ = await cli(capsys, "status", "--aggregator", agg, "--json", *stack.tls("operator"))
+    code, out, _ = await cli(
+        capsys, "status", "--aggregator", agg, "--json", *stack.tls("aggregator-operator")
+    )
     assert json.loads(out)["campaigns"] == []

@@ -86,14 +86,14 @@ async def test_rpc_spans_carry_codes_and_nothing_of_the_device(
         aggregator_options={"tracer_provider": recorders["aggregator"][0]},
         tracer_provider=recorders["shuffler"][0],
     ) as (aggregator, shuffler):
-        operator = ClientTls(dev_certs.ca, dev_certs.cert("operator"), dev_certs.key("operator"))
+        operator = dev_certs.client_tls("aggregator", "aggregator-operator")
         async with open_channel(aggregator.address, operator) as channel:
             created = pb.CreateCampaignRequest(
                 id="traced", question="On?", kind=pb.BINARY, mechanism=pb.BINARY_RR,
                 epsilon0=1.0, delta=1e-6, n_min=1,
             )  # fmt: skip
             await pb_grpc.AggregatorStub(channel).CreateCampaign(created, timeout=120)
-        await _device_calls(shuffler.address, dev_certs.ca, "traced")
+        await _device_calls(shuffler.address, dev_certs.ca("shuffler"), "traced")
         await shuffler.flush()
     shuffler_spans = recorders["shuffler"][1].get_finished_spans()
     aggregator_spans = recorders["aggregator"][1].get_finished_spans()

@@ -43,7 +43,7 @@ async def _send(python: str, services: Services, tmp_path: Path, *extra: str) ->
         "bare-sdk",
         str(tmp_path / "outbox.db"),
         "1",
-        str(services.certs / "ca.pem"),
+        str(services.certs / "shuffler-ca.pem"),
         services.signing_key,
         *extra,
         stdout=asyncio.subprocess.PIPE,

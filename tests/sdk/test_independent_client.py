@@ -62,7 +62,8 @@ async def test_reports_sealed_by_the_independent_client_are_counted(tmp_path: Pa
     make them UNDECRYPTABLE, MALFORMED_PLAINTEXT or WRONG_CIPHERTEXT_LENGTH)."""
     requests = [categorical_campaign("indep-grr", ["a", "b", "c", "d"]), binary_campaign("indep-rr")]
     async with running_services(tmp_path, requests) as services:
-        transport = GrpcTransport(services.shuffler_address, tls=ClientTls(ca=services.certs / "ca.pem"))
+        shuffler_ca = ClientTls(ca=services.certs / "shuffler-ca.pem")
+        transport = GrpcTransport(services.shuffler_address, tls=shuffler_ca)
         for campaign in services.campaigns:
             mechanism = "grr" if campaign.mechanism == pb.GRR else "binary_rr"
             reports = []

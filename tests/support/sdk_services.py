@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deniable.core.plumbing.certs import DEV_ROLES, write_dev_certs
-from deniable.core.plumbing.tls import ClientTls, open_channel
+from deniable.core.plumbing.tls import open_channel
 from deniable.v1 import deniable_pb2 as pb
 from deniable.v1 import deniable_pb2_grpc as pb_grpc
 from support.stack import tls_pair
@@ -62,10 +62,10 @@ async def running_services(
     workdir: Path, requests: Sequence[pb.CreateCampaignRequest]
 ) -> AsyncIterator[Services]:
     """Start an aggregator and a shuffler (TLS on loopback, development certificates in
-    ``workdir/certs``: devices verify the shuffler with ``certs/ca.pem``), create ``requests``."""
+    ``workdir/certs``: devices verify the shuffler with ``certs/shuffler-ca.pem``), create ``requests``."""
     certs = write_dev_certs(workdir / "certs", roles=DEV_ROLES)
     async with tls_pair(workdir, certs) as (aggregator, shuffler):
-        operator_tls = ClientTls(certs.ca, certs.cert("operator"), certs.key("operator"))
+        operator_tls = certs.client_tls("aggregator", "aggregator-operator")
         channel = open_channel(aggregator.address, operator_tls)
         operator = pb_grpc.AggregatorStub(channel)
         created = [await operator.CreateCampaign(request, timeout=120) for request in requests]

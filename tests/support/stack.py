@@ -45,10 +45,11 @@ async def tls_pair(
     **shuffler_options: Any,
 ) -> AsyncIterator[tuple[RunningAggregator, RunningShuffler]]:
     """Aggregator (tmp_path/agg) and shuffler (tmp_path/shuf) serving TLS with ``certs``' role
-    certificates; both stopped on exit, in-flight RPCs given ``grace`` seconds."""
+    certificates (the shuffler trusting only the aggregator's CA upstream); both stopped on exit,
+    in-flight RPCs given ``grace`` seconds."""
 
     def served(role: str) -> ServerTls:
-        return ServerTls(certs.cert(role), certs.key(role), certs.ca)
+        return certs.server_tls(role)
 
     aggregator = await start_aggregator(
         AggregatorConfig(
@@ -65,6 +66,7 @@ async def tls_pair(
                 upstream=aggregator.address,
                 listen="127.0.0.1:0",
                 tls=served("shuffler"),
+                upstream_ca=certs.ca("aggregator"),
                 **shuffler_options,
             )
         )

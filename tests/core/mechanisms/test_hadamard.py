@@ -309,7 +309,6 @@ def test_estimator_unbiased_exact_variance_and_coverage_large(eps: float, d: int
     kit.assert_estimator(mech, truth, kit.multinomial_rounds(mech, truth, 20_000, seed=7), ALPHA)
 
 
-
 # =========================================================================== timing
 
 

@@ -445,7 +445,6 @@ def test_estimator_unbiased_exact_variance_and_coverage_large(
     kit.assert_estimator(mech, truth, counts, ALPHA)
 
 
-
 # =========================================================================== timing
 
 

@@ -156,9 +156,7 @@ def test_law_sums_to_one_over_subsets_of_size_omega(eps: float, d: int, omega: i
 
 
 @pytest.mark.parametrize(("eps", "d", "omega"), EXACT)
-def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(
-    eps: float, d: int, omega: int | None
-) -> None:
+def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(eps: float, d: int, omega: int | None) -> None:
     mech = build(eps, d, omega)
     laws = [mech.output_distribution(v) for v in range(d)]
     worst = Fraction(1)
@@ -173,9 +171,7 @@ def test_worst_ratio_is_bounded_by_exp_lower_bound_and_tight(
 
 
 @pytest.mark.parametrize(("eps", "d", "omega"), [(0.5, 9, None), (1.0, 9, 4), (4.0, 5, 2), (2.0, 9, 1)])
-def test_marginals_are_the_estimators_support_probabilities(
-    eps: float, d: int, omega: int | None
-) -> None:
+def test_marginals_are_the_estimators_support_probabilities(eps: float, d: int, omega: int | None) -> None:
     """P(j in S | v) from the exact law: p* for j = v, q* otherwise; textbook P_in within 2**-30."""
     mech = build(eps, d, omega)
     for v in (0, d - 1):
@@ -485,7 +481,6 @@ def test_estimator_unbiased_exact_variance_and_coverage(
     truth_free, full = mech.variance([0] * len(truth), sum(truth))[0], mech.variance(truth, sum(truth))[0]
     if eps in (2.0, 4.0):
         assert hi * truth_free < lo * full or lo * truth_free > hi * full
-
 
 
 @pytest.mark.slow

@@ -456,7 +456,6 @@ def test_estimator_unbiased_exact_variance_and_coverage(name: str, eps: float) -
         assert hi * truth_free < lo * mech.variance(SKEWED_8, sum(SKEWED_8))[0]
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "eps"), [(n, e) for n in NAMES for e in (0.5, 1.0, 2.0, 4.0, 6.0)])
 def test_estimator_large(name: str, eps: float) -> None:
