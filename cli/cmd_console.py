@@ -13,7 +13,9 @@ from deniable.cli.options import (
     DEFAULT_AGGREGATOR,
     Subparsers,
     add_client_tls_options,
+    add_shuffler_tls_options,
     client_tls,
+    shuffler_tls,
 )
 
 
@@ -41,7 +43,8 @@ def register(sub: Subparsers) -> None:
         default=None,
         help="file with a token's scrypt hash (console hash-token)",
     )
-    add_client_tls_options(console)
+    add_client_tls_options(console, "the aggregator")
+    add_shuffler_tls_options(console)
     console.set_defaults(handler=run)
     actions = console.add_subparsers(dest="action", required=False)
     hashing = actions.add_parser("hash-token", help="print the scrypt hash of a token read from stdin")
@@ -52,10 +55,13 @@ def run(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C (refused in one line when the listen address needs TLS and a login)."""
     from deniable.console.server import ConsoleConfig, run_console
 
+    tls = client_tls(args)
+    args.shuffler = [args.shuffler_operator] if args.shuffler_operator else []  # shuffler_tls's check
     config = ConsoleConfig(
         aggregator=args.aggregator,
-        operator_tls=client_tls(args),
+        operator_tls=tls,
         shuffler_operator=args.shuffler_operator,
+        shuffler_tls=shuffler_tls(args, tls),
         listen=args.listen,
         allow_actions=args.allow_actions,
         https_cert=args.https_cert,

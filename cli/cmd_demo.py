@@ -83,11 +83,12 @@ def _console(listen: str) -> Hold:
     from deniable.console.server import demo_console
 
     async def hold(services: LocalServices) -> None:
+        certs = services.certs
         await demo_console(
             services.aggregator.address,
-            services.certs.ca,
-            (services.certs.cert("operator"), services.certs.key("operator")),
+            certs.client_tls("aggregator", "aggregator-operator"),
             services.shuffler.operator_address,
+            certs.client_tls("shuffler", "shuffler-operator"),
             listen,
         )
 

@@ -17,7 +17,7 @@ from deniable.admin.keys import list_keys, rotate_key
 from deniable.admin.queries import query
 from deniable.admin.shuffler import release_below_n_min
 from deniable.admin.status import gather_status
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import Transport
 from deniable.v1 import deniable_pb2 as pb
 
 
@@ -57,13 +57,15 @@ class AdminBackend:
     """The aggregator (and optionally a shuffler's operator port) through ``deniable.admin``."""
 
     aggregator: str
-    tls: ClientTls | None
+    tls: Transport
     shuffler_operator: str | None = None
+    shuffler_tls: Transport | None = None
+    """The shuffler party's CA and a shuffler-operator certificate (the aggregator's is refused there)."""
 
     async def status(self) -> dict[str, Any]:
         """Campaigns, keys, and what the shuffler holds when its operator address is known."""
         shufflers = [self.shuffler_operator] if self.shuffler_operator else []
-        return await gather_status(self.aggregator, shufflers, self.tls)
+        return await gather_status(self.aggregator, shufflers, self.tls, self.shuffler_tls)
 
     async def campaigns(self) -> list[pb.Campaign]:
         """Every campaign's descriptor."""

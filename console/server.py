@@ -14,7 +14,7 @@ from deniable.console.app import Console, build_app
 from deniable.console.auth import check_listen, read_hash_file
 from deniable.console.backend import AdminBackend
 from deniable.core.errors import ConfigurationError
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import Transport
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -24,8 +24,9 @@ class ConsoleConfig:
     """Where the console listens, whom it asks, and how it is protected."""
 
     aggregator: str
-    operator_tls: ClientTls | None
+    operator_tls: Transport
     shuffler_operator: str | None = None
+    shuffler_tls: Transport | None = None
     listen: str = DEFAULT_LISTEN
     allow_actions: bool = False
     https_cert: Path | None = None
@@ -58,7 +59,9 @@ def console_for(config: ConsoleConfig) -> tuple[web.Application, ssl.SSLContext 
     context = _ssl_context(config)
     login = read_hash_file(config.login_hash_file) if config.login_hash_file else None
     check_listen(host, context is not None, login is not None)
-    backend = AdminBackend(config.aggregator, config.operator_tls, config.shuffler_operator)
+    backend = AdminBackend(
+        config.aggregator, config.operator_tls, config.shuffler_operator, config.shuffler_tls
+    )
     state = Console(backend, config.allow_actions, login, secure_cookie=context is not None)
     return build_app(state), context
 
@@ -90,15 +93,18 @@ async def run_console(config: ConsoleConfig, announce: bool = True) -> None:
 
 
 async def demo_console(
-    aggregator: str, ca: Path, operator: tuple[Path, Path], shuffler_operator: str | None, listen: str
+    aggregator: str,
+    operator: Transport,
+    shuffler_operator: str | None,
+    shuffler_tls: Transport | None,
+    listen: str,
 ) -> None:
     """``deniable demo --console``: read-only over the demo's services, until Ctrl-C.
 
     Ctrl-C (the task cancelled) returns normally, so the demo goes on to print its tables and
     stops its services in order.
     """
-    tls = ClientTls(ca=ca, cert=operator[0], key=operator[1])
     try:
-        await run_console(ConsoleConfig(aggregator, tls, shuffler_operator, listen=listen))
+        await run_console(ConsoleConfig(aggregator, operator, shuffler_operator, shuffler_tls, listen=listen))
     except asyncio.CancelledError:
         print("console stopped", flush=True)

@@ -23,7 +23,7 @@ import pytest
 from deniable.admin.campaigns import CampaignSpec
 from deniable.admin.queries import query
 from deniable.console.server import ConsoleConfig, start_console
-from deniable.core.plumbing.tls import ClientTls
+from deniable.core.plumbing.tls import Transport
 from deniable.sim.local import LocalServices, local_services
 from deniable.v1 import deniable_pb2 as pb
 
@@ -42,12 +42,10 @@ playwright_api = pytest.importorskip("playwright.async_api", reason="the [dev] e
 
 
 @pytest.fixture
-async def deployment(tmp_path: Path) -> AsyncIterator[tuple[LocalServices, ClientTls]]:
+async def deployment(tmp_path: Path) -> AsyncIterator[tuple[LocalServices, Transport]]:
     """Real services with two campaigns: ``colours`` counted and closed, ``lights`` still collecting."""
     async with local_services(tmp_path / "svc", operator_listen="127.0.0.1:0") as services:
-        operator = ClientTls(
-            ca=services.certs.ca, cert=services.certs.cert("operator"), key=services.certs.key("operator")
-        )
+        operator = services.certs.client_tls("aggregator", "aggregator-operator")
         colours = CampaignSpec(
             id="colours",
             question="Favourite colour?",
@@ -128,7 +126,7 @@ async def _numbers_match(page: Any, answer: pb.QueryResponse, together: pb.Query
         }
 
 
-async def test_every_page_in_chromium(deployment: tuple[LocalServices, ClientTls], tmp_path: Path) -> None:
+async def test_every_page_in_chromium(deployment: tuple[LocalServices, Transport], tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         pytest.fail("Debian's chromium is missing: scripts/system-deps.sh installs it", pytrace=False)
     services, operator = deployment
@@ -136,6 +134,7 @@ async def test_every_page_in_chromium(deployment: tuple[LocalServices, ClientTls
         services.aggregator.address,
         operator,
         services.shuffler.operator_address,
+        services.certs.client_tls("shuffler", "shuffler-operator"),
         listen="127.0.0.1:0",
         allow_actions=True,
     )

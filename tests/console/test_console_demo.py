@@ -10,7 +10,6 @@ import aiohttp
 
 from deniable.cli.main import build_parser
 from deniable.console.server import ConsoleConfig, demo_console, start_console
-from deniable.core.plumbing.tls import ClientTls
 from deniable.sim.demo import run_pipeline
 from deniable.sim.local import LocalServices
 
@@ -21,9 +20,12 @@ async def test_demo_holds_its_services_for_the_console(tmp_path: Path) -> None:
     async def hold(services: LocalServices) -> None:
         assert services.shuffler.operator_address is not None  # the console sees held reports
         certs = services.certs
-        tls = ClientTls(ca=certs.ca, cert=certs.cert("operator"), key=certs.key("operator"))
         config = ConsoleConfig(
-            services.aggregator.address, tls, services.shuffler.operator_address, listen="127.0.0.1:0"
+            services.aggregator.address,
+            certs.client_tls("aggregator", "aggregator-operator"),
+            services.shuffler.operator_address,
+            certs.client_tls("shuffler", "shuffler-operator"),
+            listen="127.0.0.1:0",
         )
         runner, url = await start_console(config)
         try:
@@ -40,8 +42,8 @@ async def test_cancelling_the_demo_console_returns(tmp_path: Path) -> None:
     from deniable.core.plumbing.certs import write_dev_certs
 
     certs = write_dev_certs(tmp_path)
-    operator = (certs.cert("operator"), certs.key("operator"))
-    task = asyncio.create_task(demo_console("127.0.0.1:1", certs.ca, operator, None, "127.0.0.1:0"))
+    operator = certs.client_tls("aggregator", "aggregator-operator")
+    task = asyncio.create_task(demo_console("127.0.0.1:1", operator, None, None, "127.0.0.1:0"))
     await asyncio.sleep(0.2)
     task.cancel()
     await task  # returns normally: the demo goes on to print and stop its services

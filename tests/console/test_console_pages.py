@@ -19,6 +19,7 @@ from deniable.console.app import STATE, Console, build_app
 from deniable.console.auth import check_listen, hash_token, verify_token
 from deniable.console.server import ConsoleConfig, console_for
 from deniable.core.errors import ConfigurationError
+from deniable.core.plumbing.tls import INSECURE
 
 
 @pytest.fixture
@@ -175,11 +176,11 @@ def test_non_loopback_without_tls_and_login_is_refused(tmp_path: Path) -> None:
         check_listen("192.0.2.1", True, False)
     check_listen("192.0.2.1", True, True)
     with pytest.raises(ConfigurationError, match=r"refusing to listen on 10\.1\.2\.3"):
-        console_for(ConsoleConfig("127.0.0.1:7700", None, listen="10.1.2.3:8080"))
+        console_for(ConsoleConfig("127.0.0.1:7700", INSECURE, listen="10.1.2.3:8080"))
     hashed = tmp_path / "login"
     hashed.write_text(hash_token("a long enough token"))
     with pytest.raises(ConfigurationError, match="without TLS"):
-        console_for(ConsoleConfig("127.0.0.1:7700", None, listen="0.0.0.0:8080", login_hash_file=hashed))
+        console_for(ConsoleConfig("127.0.0.1:7700", INSECURE, listen="0.0.0.0:8080", login_hash_file=hashed))
 
 
 async def test_planner_plans_and_rejects_bad_input(make_client) -> None:
