@@ -13,7 +13,6 @@ and the time to first contentful paint are printed.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -195,6 +194,11 @@ async def _pages(
     assert f"ε0 = {answer.privacy.epsilon0:g} per report" in statement
     assert f"{answer.privacy.smallest_batch} of {answer.privacy.batches} batches" in statement
     await page.screenshot(path=str(shots / "campaign.png"), full_page=True)
+    await page.emulate_media(color_scheme="dark")  # the dark theme: same page, its own colours
+    background = await page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(15, 20, 25)"
+    await page.screenshot(path=str(shots / "campaign-dark.png"), full_page=True)
+    await page.emulate_media(color_scheme="light")
 
     await _visit(page, url + "keys", weights, "keys")
     assert "active" in await page.locator("#t-keys").inner_text()
@@ -229,6 +233,7 @@ async def _actions_and_csrf(page: Any, url: str) -> None:
 def _keep_screenshots(shots: Path) -> None:
     """Copy the screenshots where $DENIABLE_CONSOLE_SCREENSHOTS says (regenerating docs/console/)."""
     assert sorted(p.name for p in shots.glob("*.png")) == [
+        "campaign-dark.png",
         "campaign.png",
         "campaigns.png",
         "keys.png",
@@ -237,5 +242,7 @@ def _keep_screenshots(shots: Path) -> None:
     target = os.environ.get("DENIABLE_CONSOLE_SCREENSHOTS")
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)
-        for shot in shots.glob("*.png"):
-            shutil.copy(shot, Path(target) / shot.name)
+        from PIL import Image  # comes with matplotlib ([plot] extra, in [dev])
+
+        for shot in shots.glob("*.png"):  # a 64-colour palette keeps docs/console/ small
+            Image.open(shot).convert("RGB").quantize(colors=64).save(Path(target) / shot.name, optimize=True)
