@@ -100,7 +100,8 @@ async def _checked(
         raise
     except Exception as exc:  # one line, no traceback with request data in the page
         log.warning("%s failed: %s", request.path, error_text(exc))
-        return _html(message_page("Error", error_text(exc), "/", 502), request, console)
+        status = 404 if error_text(exc).startswith("NOT_FOUND") else 502
+        return _html(message_page("Error", error_text(exc), "/", status), request, console)
 
 
 def _html(page: Page, request: web.Request, console: Console) -> web.Response:

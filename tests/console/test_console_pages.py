@@ -190,3 +190,26 @@ async def test_planner_plans_and_rejects_bad_input(make_client) -> None:
     ok = await client.get("/planner?plan=1&target_epsilon=1&delta=1e-6&n=10000&domain=4&mechanism=olh")
     text = await ok.text()
     assert ok.status == 200 and "olh" in text and "<polyline" in text and "bytes per device" in text
+
+
+async def test_errors_are_one_line_and_logs_hold_no_request_data(make_client, caplog) -> None:
+    client = await make_client(allow_actions=True)
+    missing = await client.get("/campaigns/%3Cscript%3E")
+    text = await missing.text()
+    assert (
+        missing.status == 502 and "LookupError: no campaign &lt;script&gt;" in text and "<script>" not in text
+    )
+    caplog.clear()
+    await client.post("/actions/close", data={"campaign": "secret-campaign-x", "csrf": "bad"})
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "CSRF" in logged and "secret-campaign-x" not in logged and "bad" not in logged
+
+
+def test_svg_escapes_labels_and_labels_axes() -> None:
+    from deniable.console import svg
+
+    chart = svg.interval_chart([svg.Interval("<b>", 5.0, 1.0, 9.0, 0.0, 10.0)], "t & u", "count (devices)")
+    assert "&lt;b&gt;" in chart and "<b>" not in chart and "count (devices)" in chart and ">bucket<" in chart
+    assert svg.ticks(0.0, 97.0) == [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
+    lines = svg.line_chart({"grr": [(0.5, 3.0), (1.0, float("inf"))]}, "e", "ε", "error (devices)")
+    assert "<polyline" in lines and "inf" not in lines

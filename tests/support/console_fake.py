@@ -105,6 +105,8 @@ class FakeBackend:
         return [self._campaign()]
 
     async def campaign(self, campaign_id: str) -> pb.Campaign:
+        if campaign_id != "colours":
+            raise LookupError(f"no campaign {campaign_id}")
         return self._campaign()
 
     async def estimate(self, campaign_id: str, binary: bool, simultaneous: bool) -> pb.QueryResponse:
