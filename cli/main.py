@@ -20,6 +20,7 @@ from deniable.cli import (
     cmd_bench,
     cmd_campaign,
     cmd_certs,
+    cmd_console,
     cmd_demo,
     cmd_health,
     cmd_keys,
@@ -52,6 +53,7 @@ COMMANDS: tuple[CommandModule, ...] = (
     cmd_loadtest,
     cmd_privacy,
     cmd_status,
+    cmd_console,
 )
 """Every command module, in the order ``deniable --help`` lists them; a new command is one module
 here."""
@@ -82,6 +84,7 @@ EXTRA_FOR_MODULE = {
     "aiomqtt": "mqtt",
     "paho": "mqtt",
     "matplotlib": "plot",
+    "aiohttp": "console",
 }
 
 

@@ -5,7 +5,7 @@
 # symlinks to the top-level folders, mirroring the package-dir mapping in pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PRODUCT=(core client shuffler aggregator cli admin sim)
+PRODUCT=(core client shuffler aggregator cli admin sim console)
 view=build/typecheck
 rm -rf "$view" && mkdir -p "$view/deniable"
 for pkg in "${PRODUCT[@]}"; do ln -s "../../../$pkg" "$view/deniable/$pkg"; done

@@ -8,6 +8,8 @@ need=()
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 [ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+# chromium: the operator console's browser test (tests/console) drives it headless through playwright.
+[ -x /usr/bin/chromium ] || need+=(chromium)
 # kubectl renders deploy/k8s overlays (`kubectl kustomize`, tests/deploy). The machine image ships
 # kubectl 1.32 (kustomize v5.5); Debian's kubernetes-client is the fallback, but its kubectl 1.20
 # embeds kustomize v2, too old for `labels:`/`patches:`: tests/deploy then fail saying so.

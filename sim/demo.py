@@ -13,7 +13,7 @@ import asyncio
 import math
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,9 @@ from deniable.sim.local import LocalServices, local_services
 from deniable.sim.populations import exact_population
 from deniable.sim.render import answer_json, answer_table, plot_answers, privacy_line
 from deniable.v1 import deniable_pb2 as pb
+
+Hold = Callable[[LocalServices], Awaitable[None]]
+"""Runs once the demo's campaigns are counted, while the services still run (``demo --console``)."""
 
 LANGUAGES = ("English", "Spanish", "German", "French", "Japanese", "Portuguese", "Hindi", "Swahili")
 LANGUAGE_SHARES = (0.31, 0.20, 0.14, 0.11, 0.09, 0.07, 0.05, 0.03)
@@ -182,17 +185,20 @@ async def run_pipeline(
     mqtt_broker: BrokerAddress | None = None,
     mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
     mqtt_insecure: bool = False,
+    hold: Hold | None = None,
 ) -> list[DemoCampaign]:
     """Run the demo in ``workdir`` and return each campaign with its answer.
 
     With ``mqtt_broker`` the shuffler also serves that broker and the devices reach it there
     (campaigns from its retained topics, reports and answers as MQTT messages), not over gRPC;
-    devices verify the broker's certificate (``mqtt_broker.tls``) unless ``mqtt_insecure``.
+    devices verify the broker's certificate (``mqtt_broker.tls``) unless ``mqtt_insecure``. With
+    ``hold`` the shuffler also serves an operator port and ``hold`` runs before the services stop.
     """
     n_min = max(1, min(1000, devices))
     campaigns = demo_campaigns(devices, epsilon0, mechanism, n_min, target_epsilon, delta)
     ingress = None if mqtt_broker is None else MqttIngressConfig(broker=mqtt_broker, prefix=mqtt_prefix)
-    async with local_services(workdir, ingress) as services:
+    operator_port: dict[str, Any] = {} if hold is None else {"operator_listen": "127.0.0.1:0"}
+    async with local_services(workdir, ingress, **operator_port) as services:
         for campaign in campaigns:  # planning takes a few seconds
             campaign.created = await services.create_campaign(campaign.request)
         transport = await _device_transport(services, mqtt_broker, mqtt_prefix, mqtt_insecure)
@@ -213,6 +219,8 @@ async def run_pipeline(
         for campaign in campaigns:
             campaign.answer = await services.wait_counted(campaign.request.id, progress)
             campaign.timings["flush_count_s"] = time.perf_counter() - started
+        if hold is not None:
+            await hold(services)
     return campaigns
 
 
@@ -327,8 +335,12 @@ def run_demo(
     mqtt_broker: BrokerAddress | None = None,
     mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
     mqtt_insecure: bool = False,
+    hold: Hold | None = None,
 ) -> dict[str, Any]:
-    """Run the demo, print the tables and the privacy statements, write JSON and plot if asked."""
+    """Run the demo, print the tables and the privacy statements, write JSON and plot if asked.
+
+    ``hold`` (``demo --console``) runs after counting while the services still run; the tables
+    print once it returns."""
     if devices < 1:
         raise ValueError("--devices must be at least 1")
     if not 0 < delta < 1:
@@ -347,6 +359,7 @@ def run_demo(
             mqtt_broker,
             mqtt_prefix,
             mqtt_insecure,
+            hold,
         )
         campaigns = asyncio.run(pipeline)
     elapsed = time.perf_counter() - started

@@ -41,6 +41,7 @@ FOLDERS = {
     "cli": "deniable.cli",
     "admin": "deniable.admin",
     "sim": "deniable.sim",
+    "console": "deniable.console",
 }
 SHUFFLER_FORBIDDEN = (
     "deniable.core.mechanisms",
@@ -98,7 +99,7 @@ SYNTHETIC_TREE = (
     "shuffler/handlers", "aggregator/", "aggregator/handlers", "aggregator/store", "aggregator/decrypt",
     "aggregator/keys", "aggregator/campaigns", "aggregator/ingest", "aggregator/ingest_plan",
     "aggregator/queries", "aggregator/key_admin", "aggregator/context", "aggregator/store_pipeline",
-    "aggregator/store_postgres", "cli/", "admin/", "sim/", "v1/",
+    "aggregator/store_postgres", "cli/", "admin/", "sim/", "console/", "v1/",
 )  # fmt: skip
 
 
@@ -130,6 +131,9 @@ VIOLATIONS = [
     ("layers", {"sim/": "import deniable.cli"}),
     ("layers", {"admin/": "from deniable.sim import demo"}),
     ("layers", {"v1/": "from deniable.core import rng"}),
+    ("layers", {"admin/": "import deniable.console"}),
+    ("console-over-admin", {"console/": "from deniable.aggregator import queries"}),
+    ("console-over-admin", {"console/": "import deniable.shuffler.spool"}),
     ("sides-independent", {"client/": "import deniable.shuffler"}),
     ("sides-independent", {"aggregator/": "from deniable.client import x"}),
     ("sides-independent", {"shuffler/spool": "from ..aggregator import store"}),

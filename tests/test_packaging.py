@@ -30,6 +30,10 @@ def test_wheel_holds_only_the_deniable_namespace(tmp_path: Path) -> None:
         "deniable/shuffler/spool.py",
         "deniable/aggregator/store.py",
         "deniable/cli/main.py",
+        "deniable/console/app.py",
+        "deniable/console/static/console.css",
+        "deniable/console/static/console.js",
+        "deniable/console/static/favicon.svg",
         "deniable/core/py.typed",
     ):
         assert required in names, required
