@@ -345,11 +345,10 @@ def _https_face(config: LoadConfig, workdir: Path) -> tuple[dict[str, Any], Path
     if config.transport == "http":
         return {"https": HttpsConfig(listen="127.0.0.1:0", max_concurrent=1024)}, None
     from deniable.core.plumbing.certs import write_dev_certs
-    from deniable.core.plumbing.tls import ServerTls
 
     certs = write_dev_certs(workdir / "certs", roles=("shuffler",))
-    tls = ServerTls(certs.cert("shuffler"), certs.key("shuffler"), certs.ca)
-    return {"https": HttpsConfig(listen="127.0.0.1:0", max_concurrent=1024, tls=tls)}, certs.ca
+    tls = certs.server_tls("shuffler")
+    return {"https": HttpsConfig(listen="127.0.0.1:0", max_concurrent=1024, tls=tls)}, certs.ca("shuffler")
 
 
 async def _seal_devices(

@@ -29,7 +29,7 @@ from deniable.core.campaigns import randomiser_for
 from deniable.core.crypto import PublicKey, seal_report
 from deniable.core.plumbing.certs import DevCerts
 from deniable.core.plumbing.service import CHANNEL_OPTIONS
-from deniable.core.plumbing.tls import ClientTls, ServerTls, open_channel
+from deniable.core.plumbing.tls import open_channel
 from deniable.core.wire import Plaintext, encode, new_report_id
 from deniable.shuffler import RunningShuffler, ShufflerConfig, start_shuffler
 from deniable.shuffler import server as shuffler_server
@@ -69,7 +69,9 @@ async def _hold(address: str, certs: DevCerts, streams: int) -> Strangers:
     channels, calls = [], []
     for i in range(CHANNELS):
         options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("grpc.channel_id", i)]
-        channel = grpc.aio.secure_channel(address, ClientTls(ca=certs.ca).credentials(), options=options)
+        channel = grpc.aio.secure_channel(
+            address, certs.client_tls("shuffler").credentials(), options=options
+        )
         channels.append(channel)
     slow = "/deniable.v1.Shuffler/SubmitReports"
 
@@ -86,7 +88,7 @@ async def _hold(address: str, certs: DevCerts, streams: int) -> Strangers:
     for call in calls:
         with contextlib.suppress(grpc.aio.AioRpcError):  # Watch is refused at once; slow calls stay
             await asyncio.wait_for(call.wait_for_connection(), 20)
-    context = ssl.create_default_context(cafile=str(certs.ca))
+    context = ssl.create_default_context(cafile=str(certs.ca("shuffler")))
     host, port = address.rsplit(":", 1)
     sockets = []
     for _ in range(IDLE):
@@ -101,16 +103,14 @@ def _report(campaign: pb.Campaign) -> pb.EncryptedReport:
         Plaintext(new_report_id(), campaign.id, campaign.key_id, (1).to_bytes(width, "big")),
         campaign.plaintext_length,
     )
-    ciphertext = seal_report(plaintext, PublicKey(campaign.key_id, campaign.public_key), campaign.id)
+    key = PublicKey(campaign.key_id, campaign.public_key)
+    ciphertext = seal_report(plaintext, key, campaign.id, campaign.incarnation)
     return pb.EncryptedReport(campaign_id=campaign.id, key_id=campaign.key_id, ciphertext=ciphertext)
 
 
 async def _pair(tmp_path: Path, certs: DevCerts) -> tuple[RunningAggregator, RunningShuffler]:
-    def served(role: str) -> ServerTls:
-        return ServerTls(certs.cert(role), certs.key(role), certs.ca)
-
     aggregator = await start_aggregator(
-        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", tls=served("aggregator"))
+        AggregatorConfig(data_dir=tmp_path / "agg", listen="127.0.0.1:0", tls=certs.server_tls("aggregator"))
     )
     shuffler = await start_shuffler(
         ShufflerConfig(
@@ -118,7 +118,8 @@ async def _pair(tmp_path: Path, certs: DevCerts) -> tuple[RunningAggregator, Run
             upstream=aggregator.address,
             listen="127.0.0.1:0",
             operator_listen="127.0.0.1:0",
-            tls=served("shuffler"),
+            tls=certs.server_tls("shuffler"),
+            upstream_ca=certs.ca("aggregator"),
             max_concurrent_rpcs=LIMIT,
             batch_interval_s=3600.0,
         )
@@ -129,7 +130,7 @@ async def _pair(tmp_path: Path, certs: DevCerts) -> tuple[RunningAggregator, Run
 async def _device_under_siege(tmp_path: Path, certs: DevCerts, streams: int) -> tuple[list[str], int]:
     """(status of the device's GetCampaign, SubmitReports, operator Check; reports counted)."""
     aggregator, shuffler = await _pair(tmp_path, certs)
-    operator = ClientTls(ca=certs.ca, cert=certs.cert("operator"), key=certs.key("operator"))
+    operator = certs.client_tls("aggregator", "aggregator-operator")
     strangers = None
     codes: list[str] = []
     try:
@@ -139,7 +140,7 @@ async def _device_under_siege(tmp_path: Path, certs: DevCerts, streams: int) -> 
             )
             campaign = await pb_grpc.AggregatorStub(admin).CreateCampaign(created, timeout=30)
         strangers = await _hold(shuffler.address, certs, streams)
-        async with open_channel(shuffler.address, ClientTls(ca=certs.ca)) as device:
+        async with open_channel(shuffler.address, certs.client_tls("shuffler")) as device:
             stub = pb_grpc.ShufflerStub(device)
             for call in (
                 stub.GetCampaign(pb.GetCampaignRequest(campaign_id="siege"), timeout=20),
@@ -147,7 +148,8 @@ async def _device_under_siege(tmp_path: Path, certs: DevCerts, streams: int) -> 
             ):
                 codes.append(await _code(call))
         assert shuffler.operator_address is not None
-        async with open_channel(shuffler.operator_address, operator) as probe:
+        probe_tls = certs.client_tls("shuffler", "shuffler")  # readiness: the shuffler's own certificate
+        async with open_channel(shuffler.operator_address, probe_tls) as probe:
             check = health_pb2_grpc.HealthStub(probe).Check(health_pb2.HealthCheckRequest(), timeout=20)
             codes.append(await _code(check))
         await shuffler.flush()
@@ -190,7 +192,7 @@ async def test_watch_needs_the_operator_port(tmp_path: Path, dev_certs: DevCerts
     """On the device port health is Check only; Watch answers UNIMPLEMENTED naming Check."""
     aggregator, shuffler = await _pair(tmp_path, dev_certs)
     try:
-        async with open_channel(shuffler.address, ClientTls(ca=dev_certs.ca)) as device:
+        async with open_channel(shuffler.address, dev_certs.client_tls("shuffler")) as device:
             health = health_pb2_grpc.HealthStub(device)
             check = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert check.status == health_pb2.HealthCheckResponse.SERVING
