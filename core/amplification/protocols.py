@@ -23,6 +23,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
 from deniable.core.amplification._binomial import chernoff_window, kl_bernoulli, pmf_run
+from deniable.core.amplification._flooded import polya_single
 from deniable.core.amplification.analyses import BinaryRRExact, NotApplicable, search_epsilon
 from deniable.core.amplification.grid_search import dyadic_bracket, smallest_meeting
 from deniable.core.amplification.shuffle import AmplificationBound
@@ -398,22 +399,9 @@ def polya_law(n: int, shares: int, nonzero: float) -> tuple[int, np.ndarray, flo
     The sum of n devices' Polya draws (each NB(1/shares, a)); the pmf runs on a window whose
     outside mass ("neglected") is at most 2 e^-60.
     """
-    s = n / shares
-    a = -math.expm1(shares * math.log1p(-nonzero))
-    mean, var = s * a / (1 - a), s * a / (1 - a) ** 2
-    top = max(8, math.ceil(mean + 40 * math.sqrt(var) + _LOG_TAIL / -math.log(a)))
-    while True:
-        k = np.arange(top, dtype=np.float64)
-        steps = math.log(a) + np.log((k[:-1] + s) / (k[:-1] + 1))  # log P[k+1] - log P[k]
-        logs = np.concatenate(([n * math.log1p(-nonzero)], n * math.log1p(-nonzero) + np.cumsum(steps)))
-        ratio = a * (top - 1 + s) / top if s > 1 else a  # P[k+1]/P[k] for every k >= top - 1
-        tail = math.exp(float(logs[-1])) * ratio / (1 - ratio) if ratio < 1 else math.inf
-        if tail <= math.exp(-_LOG_TAIL):
-            break
-        top *= 2
-    single = np.exp(logs)
+    single, tail = polya_single(n, shares, nonzero)
     pmf = np.convolve(single, single[::-1])
-    return 1 - top, pmf, min(1.0, 2 * tail)
+    return 1 - len(single), pmf, min(1.0, 2 * tail)
 
 
 def noise_law(n: int, p: float, polya_shares: int = 0) -> tuple[int, np.ndarray, float]:
