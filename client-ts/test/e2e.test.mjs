@@ -111,10 +111,16 @@ test("a server holding another Deniable certificate (the aggregator's) cannot po
   try {
     const url = `https://127.0.0.1:${impostor.address().port}`;
     const refused = new HttpTransport(url, { fetch: nodeFetch({ ca: stack.caPem }) });
-    await assert.rejects(refused.getCampaign("dark-mode"), /not a shuffler certificate/);
+    // the shuffler party's CA (one CA per party, ADR 0030) does not vouch for the aggregator's certificate
+    await assert.rejects(refused.getCampaign("dark-mode"), /unable to verify/);
     assert.equal(reached, 0, "no request reached the impostor");
-    // with the role check off, the same CA-valid certificate is accepted: the role pin is what refuses it
-    const unchecked = new HttpTransport(url, { fetch: nodeFetch({ ca: stack.caPem, role: null }) });
+    // the role pin refuses it on its own too, even from a client that trusts the aggregator's CA
+    const aggregatorCa = readFileSync(join(stack.certs, "aggregator-ca.pem"), "utf8");
+    const pinned = new HttpTransport(url, { fetch: nodeFetch({ ca: aggregatorCa }) });
+    await assert.rejects(pinned.getCampaign("dark-mode"), /not a shuffler certificate/);
+    assert.equal(reached, 0, "no request reached the impostor");
+    // control: trusting that CA without the role check (the old single-CA layout) reaches the impostor
+    const unchecked = new HttpTransport(url, { fetch: nodeFetch({ ca: aggregatorCa, role: null }) });
     assert.equal((await unchecked.getCampaign("dark-mode")).length, 0);
     assert.equal(reached, 1);
   } finally {

@@ -93,6 +93,7 @@ export async function startServices({ campaigns, corsOrigins = [] }) {
     const shuffler = spawnService([
       "shuffler", "serve", "--data-dir", join(dir, "shuf"), "--listen", `127.0.0.1:${shufflerPort}`,
       "--operator-listen", `127.0.0.1:${operatorPort}`, "--upstream", aggregator, "--quota-per-source", "0",
+      "--min-n-min", "1", "--min-batch-target", "1", // tests send single reports; production keeps the floor
       "--https-listen", "127.0.0.1:0", ...corsOrigins.flatMap((o) => ["--https-cors-origin", o]), ...tls("shuffler", "shuffler-clients-ca.pem"),
       "--upstream-ca", join(certs, "aggregator-ca.pem"),
     ]);
