@@ -167,18 +167,21 @@ class Stack:
         )
 
     def create_campaign(self, campaign: str, batch_target: int = 50) -> str:
-        """A binary campaign (n_min 1, so every batch may be released); the signing key (hex)."""
+        """A binary campaign (n_min 2: the compose shuffler's own floor); the signing key (hex)."""
         self.deniable(
             "campaign", "create", "--aggregator=127.0.0.1:7700", "--id", campaign, "--question", "On?",
-            "--kind", "binary", "--epsilon0", "1", "--n-min", "1", "--batch-target", str(batch_target),
+            "--kind", "binary", "--epsilon0", "1", "--n-min", "2", "--batch-target", str(batch_target),
             "--quota-per-source", "10000000",  # every simulated device comes from the host's one address
         )  # fmt: skip
         keys = json.loads(self.deniable("keys", "show", "--aggregator=127.0.0.1:7700", "--json").stdout)
         return str(keys["signing_public_key"])
 
     def counted(self, campaign: str) -> int:
-        """Reports the aggregator counted for the campaign, after asking the shuffler to forward."""
-        self.deniable("shuffler", "flush", "--shuffler=127.0.0.1:7702", party="shuffler", check=False)
+        """Reports the aggregator counted for the campaign, after asking the shuffler to forward all
+        it holds: a last report alone below n_min needs both parties' operators (ADR 0030)."""
+        self.deniable("campaign", "release-below-n-min", campaign, "--aggregator=127.0.0.1:7700", check=False)
+        flush = ("shuffler", "flush", "--shuffler=127.0.0.1:7702", "--below-n-min")
+        self.deniable(*flush, party="shuffler", check=False)
         answer = self.deniable("query", "binary-sum", campaign, "--aggregator=127.0.0.1:7700", "--json")
         return int(json.loads(answer.stdout)["n"])
 
