@@ -23,7 +23,6 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
 from deniable.core.amplification._binomial import chernoff_window, kl_bernoulli, pmf_run
-from deniable.core.amplification._flooded import polya_single
 from deniable.core.amplification.analyses import BinaryRRExact, NotApplicable, search_epsilon
 from deniable.core.amplification.grid_search import dyadic_bracket, smallest_meeting
 from deniable.core.amplification.shuffle import AmplificationBound
@@ -399,6 +398,8 @@ def polya_law(n: int, shares: int, nonzero: float) -> tuple[int, np.ndarray, flo
     The sum of n devices' Polya draws (each NB(1/shares, a)); the pmf runs on a window whose
     outside mass ("neglected") is at most 2 e^-60.
     """
+    from deniable.core.amplification._flooded import polya_single  # numpy at module level: lazily
+
     single, tail = polya_single(n, shares, nonzero)
     pmf = np.convolve(single, single[::-1])
     return 1 - len(single), pmf, min(1.0, 2 * tail)

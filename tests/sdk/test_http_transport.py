@@ -19,7 +19,7 @@ HTTPS = HttpsConfig(listen="127.0.0.1:0")
 
 def _transport(services: object) -> HttpTransport:
     shuffler = services.shuffler  # type: ignore[attr-defined]
-    ca = services.certs / "ca.pem"  # type: ignore[attr-defined]
+    ca = services.certs / "shuffler-ca.pem"  # type: ignore[attr-defined]
     return HttpTransport(f"https://{shuffler.https_address}", tls=ClientTls(ca=ca))
 
 
@@ -88,7 +88,8 @@ async def test_an_unreachable_or_untrusted_shuffler_is_a_retryable_failure(tmp_p
         assert refused.value.retryable and "CERTIFICATE_VERIFY_FAILED" in refused.value.message
         port = services.shuffler.https.port if services.shuffler.https else 0
     await asyncio.sleep(0)
-    gone = HttpTransport(f"https://127.0.0.1:{port}", tls=ClientTls(ca=tmp_path / "certs" / "ca.pem"))
+    shuffler_ca = ClientTls(ca=tmp_path / "certs" / "shuffler-ca.pem")
+    gone = HttpTransport(f"https://127.0.0.1:{port}", tls=shuffler_ca)
     with pytest.raises(TransportError) as down:
         await gone.get_campaign("https-t")
     assert down.value.retryable

@@ -111,7 +111,8 @@ async def test_quota_is_shared_with_the_grpc_device_port(tmp_path: Path) -> None
         assert (await client.submit("c1", submit_body(reports_for(campaign, 3)))).status == 200
         over = await client.submit("c1", submit_body(reports_for(campaign, 1)))
         assert (over.status, over.json()["code"]) == (429, "quota_exceeded")
-        grpc_device = GrpcTransport(services.shuffler_address, tls=ClientTls(ca=services.certs / "ca.pem"))
+        shuffler_ca = ClientTls(ca=services.certs / "shuffler-ca.pem")
+        grpc_device = GrpcTransport(services.shuffler_address, tls=shuffler_ca)
         with pytest.raises(TransportError, match="RESOURCE_EXHAUSTED"):
             await grpc_device.submit(reports_for(campaign, 1))  # the same address, the same quota
         await grpc_device.close()

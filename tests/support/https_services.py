@@ -91,6 +91,6 @@ async def https_services(
     requests = [binary_campaign(c) for c in campaigns]
     async with running_services(workdir, requests, https=https, **(shuffler_options or {})) as services:
         assert services.shuffler is not None and services.shuffler.https_address is not None
-        context = ssl.create_default_context(cafile=str(services.certs / "ca.pem"))
+        context = ssl.create_default_context(cafile=str(services.certs / "shuffler-ca.pem"))
         async with aiohttp.ClientSession() as session:
             yield services, HttpsClient("https://" + services.shuffler.https_address, session, context)
