@@ -18,6 +18,7 @@ from deniable.v1 import deniable_pb2 as pb
 SHUFFLE_ONLY = {
     "cheu_binary_sum",
     "balcer_cheu_histogram",
+    "flooded_histogram",
     "multi_message_sum",
     "multi_message_sum_binomial",
     "multi_message_histogram",

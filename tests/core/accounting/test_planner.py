@@ -15,6 +15,7 @@ from deniable.core.accounting import AmplificationBound, planner
 from deniable.core.accounting.planner import (
     MAX_PLANNED_EPSILON0,
     RELATIVE_TOLERANCE,
+    DeviceBudget,
     PlanningError,
     central_laplace,
     expected_std_error,
@@ -68,8 +69,10 @@ def test_every_candidate_sits_on_the_target_boundary(target: float, delta: float
 
 
 def test_chosen_mechanism_has_the_smallest_expected_error() -> None:
+    """The most accurate feasible candidate within the per-device budget (ADR 0035)."""
     chosen = plan(1.0, 1e-6, 20_000, 8)
-    feasible = [c for c in chosen.candidates if c.feasible]
+    budget = DeviceBudget()
+    feasible = [c for c in chosen.candidates if c.feasible and budget.fits(c)]
     assert len(feasible) >= 1
     assert chosen.expected_std_error == min(c.expected_std_error for c in feasible)
     assert chosen.chosen.mechanism == chosen.mechanism
