@@ -1,11 +1,15 @@
 """Write the golden vectors of docs/wire.md to tests/vectors/*.json.
 
-Usage: python scripts/make_vectors.py [--out tests/vectors]
+Usage: python scripts/make_vectors.py [--out tests/vectors]   (rewrite every file)
+       python scripts/make_vectors.py --check                  (exit 1 if a reproducible file differs)
 
 Everything is derived from fixed keys, so a rerun reproduces every file byte for byte except the
 HPKE ciphertexts: cryptography's HPKE draws its ephemeral key itself, so those vectors go in the
 decryption direction (recipient key, info, plaintext, enc || ct). tests/test_wire_vectors.py
-checks the committed files both ways against the code.
+checks the committed files both ways against the code. multi_message.json (docs/wire.md §6.8,
+the shuffle-only protocols) keeps the ciphertexts of its sealed report while they still open to
+the plaintexts it computes, so it, mechanisms.json and plaintext.json are byte-reproducible:
+``--check`` (and tests/test_wire_vectors.py) fail when a change to a randomiser leaves them stale.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any
 
 from deniable.core import mechanisms
 from deniable.core.campaigns import layout_for
-from deniable.core.crypto import SUITE_NAME, KeyPair, envelope_info, seal_report
+from deniable.core.crypto import SUITE_NAME, KeyPair, envelope_info, open_report, seal_report
+from deniable.core.crypto.envelope import DecryptionError
 from deniable.core.rng import Csprng
 from deniable.core.wire import Plaintext, encode, plaintext_length
 from deniable.v1 import deniable_pb2 as pb
@@ -210,20 +215,225 @@ def report_vector() -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    """Write the four vector files."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "vectors")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    files = {
+# (name, epsilon0, domain_size, params): every shuffle-only protocol (docs/wire.md §6.8), its
+# parameters given as a signed campaign carries them (so no search runs), small enough that the
+# Polya noise draws are often non-zero.
+SHUFFLE_ONLY: list[tuple[str, float, int, dict[str, float]]] = [
+    ("cheu_binary_sum", 1.0, 2, {"expected_n": 100, "flip_probability": 0.341796875}),
+    ("sample_and_threshold", 1.0, 5, {"sample_rate": 0.393463134765625, "threshold": 45}),
+    ("sample_and_threshold", 1.0, 300, {"sample_rate": 0.393463134765625, "threshold": 45}),
+    ("balcer_cheu_histogram", 1.0, 5, {"expected_n": 1000, "skip_probability": 0.25}),
+    ("multi_message_sum", 1.0, 2, {"expected_n": 20, "messages": 3, "noise_probability": 0.2}),
+    ("multi_message_sum", 1.0, 2, {"expected_n": 1000, "messages": 4, "noise_probability": 0.004}),
+    ("multi_message_sum_binomial", 1.0, 2, {"expected_n": 1000, "messages": 3, "noise_probability": 0.25}),
+    ("multi_message_histogram", 1.0, 4, {"expected_n": 20, "messages": 3, "noise_probability": 0.05}),
+    ("flooded_histogram", 1.0, 4, {"expected_n": 20, "flood": 2.0, "noise_probability": 0.2}),
+    ("flooded_histogram", 1.0, 130, {"expected_n": 1000, "flood": 3.0, "noise_probability": 0.002}),
+]
+# The sealed multi-message report: flooded_histogram with little noise (a few messages to seal).
+REPORT_PROTOCOL = ("flooded_histogram", 1.0, 4, {"expected_n": 20, "flood": 2.0, "noise_probability": 0.05})
+SHUFFLE_ONLY_CASES = 8  # answers per protocol: the smallest domains get several per value
+
+
+def derived_integers(randomiser: mechanisms.LocalRandomiser) -> dict[str, int]:
+    """The integers docs/wire.md §6.8 derives from a campaign's params, as the randomiser holds them."""
+    out: dict[str, int] = {}
+    for name, attribute in (
+        ("flip_threshold", "_flip_threshold"),
+        ("skip_threshold", "_skip_threshold"),
+        ("flood_threshold", "_flood_threshold"),
+        ("messages", "messages"),
+        ("modulus", "modulus"),
+    ):
+        if hasattr(randomiser, attribute):
+            out[name] = int(getattr(randomiser, attribute))
+    for name, attribute in (("noise", "noise"), ("sample", "rate")):
+        value = getattr(randomiser, attribute, None)
+        if value is not None:
+            out[f"{name}_numerator"], out[f"{name}_denominator"] = value.numerator, value.denominator
+    return out
+
+
+def invalid_messages(randomiser: mechanisms.LocalRandomiser) -> list[dict[str, str]]:
+    """Messages of the right length the aggregator's tally refuses (PAYLOAD_OUT_OF_DOMAIN)."""
+    width, d = randomiser.payload_length, randomiser.domain_size
+    name = randomiser.name
+    if name == "cheu_binary_sum":
+        cases = [("value 2", 2)]
+    elif name in ("sample_and_threshold", "balcer_cheu_histogram"):
+        cases = [
+            ("value above d (the null or presence value)", d + 1),
+            ("largest value", (1 << 8 * width) - 1),
+        ]
+    elif name == "flooded_histogram":
+        cases = [("value above 2d (the presence value)", 2 * d + 1), ("largest value", (1 << 8 * width) - 1)]
+    else:
+        q = getattr(randomiser, "modulus")  # noqa: B009 (split-and-mix only)
+        share_bits = 8 * (width - (1 if name != "multi_message_histogram" else width_for_tag(d)))
+        share_tag = 1 if name != "multi_message_histogram" else d - 1
+        presence_tag = 0 if name != "multi_message_histogram" else d
+        cases = [
+            ("share not below q", share_tag << share_bits | q),
+            ("presence message with a non-zero value", presence_tag << share_bits | 1),
+            ("unknown tag", (presence_tag + 2) << share_bits),
+        ]
+    return [{"why": why, "message": value.to_bytes(width, "big").hex()} for why, value in cases]
+
+
+def width_for_tag(domain_size: int) -> int:
+    """Bytes of the bucket tag of multi_message_histogram (values 0..d)."""
+    return max(1, (domain_size.bit_length() + 7) // 8)
+
+
+def shuffle_only_vector(name: str, epsilon0: float, d: int, given: dict[str, float]) -> dict[str, Any]:
+    """One protocol: its params as a campaign carries them, derived integers, answers, bad messages."""
+    first = mechanisms.create(name, epsilon0=epsilon0, domain_size=d, **given)
+    params = first.parameters()
+    randomiser = mechanisms.create(name, epsilon0=epsilon0, domain_size=d, **params)  # as a device does
+    width = randomiser.payload_length
+    values = sorted({0, 1, d // 2, d - 1})
+    cases = []
+    for case in range(SHUFFLE_ONLY_CASES):
+        value = values[case % len(values)]
+        rng = RecordingRng(fixed_key(f"{name}/{d}/{params.get('expected_n', 0)}/{case}"))
+        output = randomiser.randomise(value, rng)
+        messages = [output[i : i + width].hex() for i in range(0, len(output), width)]
+        cases.append({"value": value, "randomness": rng.served.hex(), "messages": messages})
+    return {
+        "mechanism": name,
+        "proto": int(randomiser.proto),
+        "epsilon0": epsilon0,
+        "domain_size": d,
+        "params": params,
+        "payload_length": width,
+        "derived": derived_integers(randomiser),
+        "cases": cases,
+        "invalid": invalid_messages(randomiser),
+    }
+
+
+def multi_message_report(previous: dict[str, Any] | None) -> dict[str, Any]:
+    """One whole flooded_histogram answer, every message sealed apart with its own report id.
+
+    A ciphertext of ``previous`` (the committed file) is kept when it still opens to the plaintext
+    computed here, so regenerating an unchanged vector rewrites the same bytes.
+    """
+    key_pair = KeyPair(key_id=3, private_raw=fixed_key("aggregator x25519"))
+    name, epsilon0, d, given = REPORT_PROTOCOL
+    randomiser = mechanisms.create(name, epsilon0=epsilon0, domain_size=d, **given)
+    randomiser = mechanisms.create(name, epsilon0=epsilon0, domain_size=d, **randomiser.parameters())
+    layout = layout_for(randomiser)
+    campaign = pb.Campaign(
+        id="vector-flooded",
+        question="Which one?",
+        kind=pb.CATEGORICAL,
+        labels=["a", "b", "c", "d"][:d],
+        mechanism=randomiser.proto,  # type: ignore[arg-type]
+        epsilon0=epsilon0,
+        delta=1e-6,
+        n_min=1,
+        key_id=key_pair.key_id,
+        public_key=key_pair.public.raw,
+        hpke_suite=SUITE_NAME,
+        payload_length=layout.payload_length,
+        plaintext_length=layout.plaintext_length,
+        ciphertext_length=layout.ciphertext_length,
+        device_budget_epsilon=epsilon0,
+        params=randomiser.parameters(),
+        incarnation=fixed_key("multi/incarnation")[:16],
+    )
+    rng = RecordingRng(fixed_key("multi/randomness"))
+    messages = randomiser.split_messages(randomiser.randomise(1, rng))
+    ids = RecordingRng(fixed_key("multi/ids"))
+    old = {m["plaintext"]: m["ciphertext"] for m in (previous or {}).get("messages", [])}
+    sealed = []
+    for message in messages:
+        report_id = ids.bytes(16)
+        plaintext = encode(
+            Plaintext(report_id, campaign.id, campaign.key_id, message), layout.plaintext_length
+        )
+        ciphertext = _reuse(old.get(plaintext.hex()), plaintext, key_pair, campaign)
+        sealed.append(
+            {
+                "payload": message.hex(),
+                "report_id": report_id.hex(),
+                "plaintext": plaintext.hex(),
+                "ciphertext": ciphertext.hex(),
+            }
+        )
+    return {
+        "campaign": campaign.SerializeToString(deterministic=True).hex(),
+        "value": 1,
+        "randomness": rng.served.hex(),
+        "info": envelope_info(campaign.id, campaign.key_id, campaign.incarnation).hex(),
+        "recipient_private_key": key_pair.private_raw.hex(),
+        "messages": sealed,
+    }
+
+
+def _reuse(old_hex: str | None, plaintext: bytes, key_pair: KeyPair, campaign: pb.Campaign) -> bytes:
+    """The committed ciphertext if it opens to ``plaintext`` in this campaign, else a fresh seal."""
+    if old_hex is not None:
+        try:
+            if open_report(bytes.fromhex(old_hex), key_pair, campaign.id, campaign.incarnation) == plaintext:
+                return bytes.fromhex(old_hex)
+        except DecryptionError:
+            pass
+    return seal_report(plaintext, key_pair.public, campaign.id, campaign.incarnation)
+
+
+def multi_message_vectors(folder: Path) -> dict[str, Any]:
+    """multi_message.json: every shuffle-only protocol's vectors and one sealed multi-message report."""
+    path = folder / "multi_message.json"
+    previous = json.loads(path.read_text()).get("report") if path.exists() else None
+    return {
+        "protocols": [shuffle_only_vector(*entry) for entry in SHUFFLE_ONLY],
+        "report": multi_message_report(previous),
+    }
+
+
+def reproducible_files(folder: Path) -> dict[str, Any]:
+    """The files a rerun must reproduce byte for byte (given the committed ciphertexts)."""
+    return {
         "mechanisms.json": mechanism_vectors(),
         "plaintext.json": plaintext_vectors(),
+        "multi_message.json": multi_message_vectors(folder),
+    }
+
+
+def render(content: Any) -> str:
+    """The committed JSON text of a vector file."""
+    return json.dumps(content, indent=1) + "\n"
+
+
+def stale_files(folder: Path) -> list[str]:
+    """Names of the reproducible vector files whose committed text differs from a fresh run."""
+    return [
+        name
+        for name, content in reproducible_files(folder).items()
+        if not (folder / name).exists() or (folder / name).read_text() != render(content)
+    ]
+
+
+def main() -> None:
+    """Write the vector files, or with --check only report (exit 1) those a rerun would change."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "vectors")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
+    args = parser.parse_args()
+    if args.check:
+        stale = stale_files(args.out)
+        for name in stale:
+            print(f"stale: {args.out / name} (run python scripts/make_vectors.py)")
+        raise SystemExit(1 if stale else 0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    files = {
+        **reproducible_files(args.out),
         "envelope.json": envelope_vectors(),
         "report.json": report_vector(),
     }
     for name, content in files.items():
-        (args.out / name).write_text(json.dumps(content, indent=1) + "\n")
+        (args.out / name).write_text(render(content))
         print(f"wrote {args.out / name}")
 
 
