@@ -223,11 +223,11 @@ SHUFFLE_ONLY: list[tuple[str, float, int, dict[str, float]]] = [
     ("sample_and_threshold", 1.0, 5, {"sample_rate": 0.393463134765625, "threshold": 45}),
     ("sample_and_threshold", 1.0, 300, {"sample_rate": 0.393463134765625, "threshold": 45}),
     ("balcer_cheu_histogram", 1.0, 5, {"expected_n": 1000, "skip_probability": 0.25}),
-    ("multi_message_sum", 1.0, 2, {"expected_n": 20, "messages": 3, "noise_probability": 0.2}),
+    ("multi_message_sum", 1.0, 2, {"expected_n": 20, "messages": 3, "noise_probability": 0.1}),
     ("multi_message_sum", 1.0, 2, {"expected_n": 1000, "messages": 4, "noise_probability": 0.004}),
     ("multi_message_sum_binomial", 1.0, 2, {"expected_n": 1000, "messages": 3, "noise_probability": 0.25}),
     ("multi_message_histogram", 1.0, 4, {"expected_n": 20, "messages": 3, "noise_probability": 0.05}),
-    ("flooded_histogram", 1.0, 4, {"expected_n": 20, "flood": 2.0, "noise_probability": 0.2}),
+    ("flooded_histogram", 1.0, 4, {"expected_n": 20, "flood": 2.0, "noise_probability": 0.1}),
     ("flooded_histogram", 1.0, 130, {"expected_n": 1000, "flood": 3.0, "noise_probability": 0.002}),
 ]
 # The sealed multi-message report: flooded_histogram with little noise (a few messages to seal).

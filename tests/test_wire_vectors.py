@@ -4,6 +4,7 @@ every valid vector and refuse every invalid one."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from deniable.core.wire import MalformedPlaintext, Plaintext, decode, encode
 from deniable.v1 import deniable_pb2 as pb
 
 VECTORS = Path(__file__).with_name("vectors")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(name: str) -> Any:
@@ -128,3 +130,97 @@ def test_report_vector_end_to_end() -> None:
     ciphertext = bytes.fromhex(vector["ciphertext"])
     assert len(ciphertext) == campaign.ciphertext_length
     assert open_report(ciphertext, key_pair, campaign.id, campaign.incarnation).hex() == vector["plaintext"]
+
+
+# ----------------------------------------------------------------------- shuffle-only protocols (§6.8)
+
+MULTI_VECTORS = load("multi_message.json")
+
+
+def _make_vectors() -> Any:
+    """scripts/make_vectors.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("make_vectors", ROOT / "scripts" / "make_vectors.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "vector", MULTI_VECTORS["protocols"], ids=lambda v: f"{v['mechanism']}-{v['domain_size']}"
+)
+def test_shuffle_only_vectors(vector: dict[str, Any]) -> None:
+    """Rebuilt from the campaign params alone (as a device and the aggregator do): the same
+    derived integers; each recorded randomness gives exactly the recorded messages and is used
+    up; the aggregator's tally accepts every message and refuses every invalid one."""
+    randomiser = mechanisms.create(
+        vector["mechanism"],
+        epsilon0=vector["epsilon0"],
+        domain_size=vector["domain_size"],
+        **vector["params"],
+    )
+    assert int(randomiser.proto) == vector["proto"]
+    assert randomiser.payload_length == vector["payload_length"]
+    assert randomiser.parameters() == vector["params"]  # the params are a fixed point of the rebuild
+    assert _make_vectors().derived_integers(randomiser) == vector["derived"]
+    messages: list[bytes] = []
+    for case in vector["cases"]:
+        rng = StreamRng(bytes.fromhex(case["randomness"]))
+        output = randomiser.randomise(case["value"], rng)
+        assert [m.hex() for m in randomiser.split_messages(output)] == case["messages"]
+        assert rng.used == len(rng.data)
+        messages += [bytes.fromhex(m) for m in case["messages"]]
+    assert not randomiser.tally(messages).invalid.any()
+    refused = randomiser.tally([bytes.fromhex(case["message"]) for case in vector["invalid"]])
+    assert refused.invalid.all()
+    assert randomiser.tally([bytes.fromhex(vector["invalid"][0]["message"])[:-1]]).invalid.all()
+
+
+def test_every_shuffle_only_protocol_has_vectors() -> None:
+    """Every registered mechanism has golden vectors: local randomisers in mechanisms.json, the
+    shuffle-only protocols (every multi-message one among them) in multi_message.json."""
+    shuffle_only = {v["mechanism"] for v in MULTI_VECTORS["protocols"]}
+    local = {v["mechanism"] for v in MECHANISM_VECTORS}
+    assert shuffle_only | local == set(mechanisms.names())
+    multi = {name for name in mechanisms.names() if mechanisms.mechanism_class(name).multi_message}
+    assert multi and multi <= shuffle_only
+
+
+def test_multi_message_report_end_to_end() -> None:
+    """A whole flooded_histogram answer: the campaign validates; the recorded randomness gives the
+    messages; each is a plaintext with its own report id, and its ciphertext opens to it."""
+    vector = MULTI_VECTORS["report"]
+    campaign = pb.Campaign.FromString(bytes.fromhex(vector["campaign"]))
+    validate_campaign(campaign)
+    randomiser = randomiser_for(campaign)
+    assert randomiser.multi_message
+    rng = StreamRng(bytes.fromhex(vector["randomness"]))
+    messages = randomiser.split_messages(randomiser.randomise(vector["value"], rng))
+    assert rng.used == len(rng.data)
+    assert [m.hex() for m in messages] == [case["payload"] for case in vector["messages"]]
+    assert envelope_info(campaign.id, campaign.key_id, campaign.incarnation).hex() == vector["info"]
+    key_pair = KeyPair(key_id=campaign.key_id, private_raw=bytes.fromhex(vector["recipient_private_key"]))
+    assert len({case["report_id"] for case in vector["messages"]}) == len(messages)
+    for message, case in zip(messages, vector["messages"], strict=True):
+        plain = Plaintext(bytes.fromhex(case["report_id"]), campaign.id, campaign.key_id, message)
+        assert encode(plain, campaign.plaintext_length).hex() == case["plaintext"]
+        ciphertext = bytes.fromhex(case["ciphertext"])
+        assert len(ciphertext) == campaign.ciphertext_length
+        assert open_report(ciphertext, key_pair, campaign.id, campaign.incarnation).hex() == case["plaintext"]
+
+
+def test_committed_vectors_are_what_the_script_makes() -> None:
+    """mechanisms.json, plaintext.json and multi_message.json are byte for byte what
+    ``python scripts/make_vectors.py`` writes now: a change to a randomiser's draws or encoding
+    fails here until the vectors are regenerated (and docs/wire.md checked against them)."""
+    assert _make_vectors().stale_files(VECTORS) == []
+
+
+def test_the_staleness_check_can_fail(tmp_path: Path) -> None:
+    """A vector file with one message changed is reported stale (the check above can fail)."""
+    for name in ("mechanisms.json", "plaintext.json", "multi_message.json"):
+        (tmp_path / name).write_text((VECTORS / name).read_text())
+    edited = load("multi_message.json")
+    edited["protocols"][0]["cases"][0]["messages"][0] = "ff"
+    (tmp_path / "multi_message.json").write_text(json.dumps(edited, indent=1) + "\n")
+    assert _make_vectors().stale_files(tmp_path) == ["multi_message.json"]
