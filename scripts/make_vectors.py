@@ -363,6 +363,9 @@ def multi_message_report(previous: dict[str, Any] | None) -> dict[str, Any]:
         )
     return {
         "campaign": campaign.SerializeToString(deterministic=True).hex(),
+        "campaign_id": campaign.id,
+        "key_id": campaign.key_id,
+        "incarnation": campaign.incarnation.hex(),
         "value": 1,
         "randomness": rng.served.hex(),
         "info": envelope_info(campaign.id, campaign.key_id, campaign.incarnation).hex(),

@@ -199,6 +199,8 @@ def test_multi_message_report_end_to_end() -> None:
     assert rng.used == len(rng.data)
     assert [m.hex() for m in messages] == [case["payload"] for case in vector["messages"]]
     assert envelope_info(campaign.id, campaign.key_id, campaign.incarnation).hex() == vector["info"]
+    described = (campaign.id, campaign.key_id, campaign.incarnation.hex())
+    assert described == (vector["campaign_id"], vector["key_id"], vector["incarnation"])
     key_pair = KeyPair(key_id=campaign.key_id, private_raw=bytes.fromhex(vector["recipient_private_key"]))
     assert len({case["report_id"] for case in vector["messages"]}) == len(messages)
     for message, case in zip(messages, vector["messages"], strict=True):

@@ -4,8 +4,11 @@ Only the standard library, ``struct`` for the layout and ``cryptography`` for HP
 
     python tests/support/independent_client.py check tests/vectors
         recompute every local randomiser's thresholds and payloads (binary_rr, grr, sue, oue,
-        subset_selection, hadamard_response, olh at g = 4), the plaintexts and the HPKE info of
-        the golden vectors, and open their ciphertexts; exit 1 on the first mismatch
+        subset_selection, hadamard_response, olh at g = 4), every shuffle-only protocol's
+        messages (cheu_binary_sum, sample_and_threshold, balcer_cheu_histogram,
+        multi_message_sum(_binomial), multi_message_histogram, flooded_histogram: wire.md §6.8
+        and §6.9, from the campaign params alone), the plaintexts and the HPKE info of the golden
+        vectors, and open their ciphertexts; exit 1 on the first mismatch
     python tests/support/independent_client.py seal PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID PLAINTEXT_LENGTH \
         MECHANISM EPSILON0 DOMAIN_SIZE VALUE INCARNATION_HEX
         print the hex ciphertext (enc || ct) of one fresh report
@@ -208,6 +211,161 @@ def olh(bound: Fraction, d: int, value: int, draw: Draw) -> tuple[bytes, dict[st
     return payload, {"keep_weight": keep_weight, "total_weight": total, "seeds": seeds, "g": g}
 
 
+# --------------------------------------------------------------------------- wire.md §6.8: multi-message
+
+GRID_BITS = 52
+
+
+def u64le(draw: Draw) -> int:
+    """wire.md §6.0: 8 bytes as a little-endian integer."""
+    return int(struct.unpack("<Q", draw(8))[0])
+
+
+def width_for(largest: int) -> int:
+    """wire.md §6.8: bytes of a big-endian message holding 0..largest."""
+    return max(1, (max(largest, 1).bit_length() + 7) // 8)
+
+
+def grid_fraction(value: float) -> Fraction:
+    """wire.md §6.8: the exact double rounded up to a multiple of 2**-52, in lowest terms."""
+    return Fraction(math.ceil(Fraction(value) * (1 << GRID_BITS)), 1 << GRID_BITS)
+
+
+def randbelow_batch(draw: Draw, upper: int, count: int) -> list[int]:
+    """wire.md §6.0 batch rejection: rounds of need + need // 4 + 16 words, top bits, first accepted."""
+    bits = upper.bit_length()
+    out: list[int] = []
+    while len(out) < count:
+        need = count - len(out)
+        words = [u64le(draw) >> (64 - bits) for _ in range(need + need // 4 + 16)]
+        out += [w for w in words if w < upper][:need]
+    return out
+
+
+def bernoulli_batch(draw: Draw, probability: Fraction, count: int) -> list[int]:
+    """wire.md §6.0: randbelow_batch(denominator) < numerator, the fraction in lowest terms."""
+    return [int(u < probability.numerator) for u in randbelow_batch(draw, probability.denominator, count)]
+
+
+def polya_positive(draw: Draw, p: Fraction, shares: int, alpha: Fraction) -> int:
+    """wire.md §6.8.1: inversion of U (64 bits at a time) against F_k, exactly."""
+    scale, shape = (1 - p) / p, Fraction(1, shares)
+    word, bits = randbits(draw, 64), 64
+    while True:
+        low, high = Fraction(word, 1 << bits), Fraction(word + 1, 1 << bits)
+        k, coefficient, power, cumulative = 1, shape, alpha, Fraction(0)
+        while True:
+            cumulative += coefficient * power
+            boundary = scale * cumulative
+            if high <= boundary:
+                return k
+            if low < boundary:
+                break  # U's interval holds F_k: read 64 more bits
+            coefficient *= (shape + k) / (k + 1)
+            power *= alpha
+            k += 1
+        word, bits = (word << 64) | randbits(draw, 64), bits + 64
+
+
+def polya_batch(draw: Draw, p: Fraction, shares: int, count: int) -> list[int]:
+    """wire.md §6.8.1: count Bernoulli(p) draws first, then a positive value for each hit in order."""
+    hits = bernoulli_batch(draw, p, count)
+    alpha = 1 - (1 - p) ** shares
+    return [polya_positive(draw, p, shares, alpha) if hit else 0 for hit in hits]
+
+
+def multi_sum(
+    mechanism: str, params: dict[str, float], value: int, draw: Draw
+) -> tuple[list[bytes], dict[str, int]]:
+    """wire.md §6.8.4: (value + y - y') mod q in m shares (tag 1), then the presence message (tag 0)."""
+    n, m, q = int(params["expected_n"]), int(params["messages"]), int(params["modulus"])
+    p = grid_fraction(params["noise_probability"])
+    polya = mechanism == "multi_message_sum"
+    y = polya_batch(draw, p, n, 2) if polya else bernoulli_batch(draw, p, 2)
+    free = randbelow_batch(draw, q, m - 1)
+    shares = [*free, (value + y[0] - y[1] - sum(free)) % q]
+    width = width_for(q - 1)
+    messages = [b"\x01" + s.to_bytes(width, "big") for s in shares] + [bytes(1 + width)]
+    return messages, {"noise_numerator": p.numerator, "noise_denominator": p.denominator}
+
+
+def multi_histogram(
+    params: dict[str, float], d: int, value: int, draw: Draw
+) -> tuple[list[bytes], dict[str, int]]:
+    """wire.md §6.8.5: per bucket j, ([x = j] + y_j - y'_j) mod q in m shares tagged j; presence tag d."""
+    n, m, q = int(params["expected_n"]), int(params["messages"]), int(params["modulus"])
+    p = grid_fraction(params["noise_probability"])
+    noise = polya_batch(draw, p, n, 2 * d)
+    free = randbelow_batch(draw, q, d * (m - 1))
+    tag_width, share_width = width_for(d), width_for(q - 1)
+    messages = []
+    for j in range(d):
+        own = free[j * (m - 1) : (j + 1) * (m - 1)]
+        shares = [*own, (int(j == value) + noise[j] - noise[d + j] - sum(own)) % q]
+        messages += [j.to_bytes(tag_width, "big") + s.to_bytes(share_width, "big") for s in shares]
+    messages.append(d.to_bytes(tag_width, "big") + bytes(share_width))
+    return messages, {"noise_numerator": p.numerator, "noise_denominator": p.denominator}
+
+
+def repeated(counts: list[int], width: int) -> list[bytes]:
+    """Message value v repeated counts[v] times, ascending v."""
+    return [v.to_bytes(width, "big") for v, c in enumerate(counts) for _ in range(c)]
+
+
+def balcer_cheu(
+    params: dict[str, float], d: int, value: int, draw: Draw
+) -> tuple[list[bytes], dict[str, int]]:
+    """wire.md §6.8.3: own bucket, bucket j again iff its 52-bit word >= the skip threshold, presence d."""
+    skip = math.ceil(Fraction(params["skip_probability"]) * (1 << GRID_BITS))
+    words = [u64le(draw) >> (64 - GRID_BITS) for _ in range(d)]
+    counts = [int(words[j] >= skip) + int(j == value) for j in range(d)] + [1]
+    return repeated(counts, width_for(d)), {"skip_threshold": skip}
+
+
+def flooded(params: dict[str, float], d: int, value: int, draw: Draw) -> tuple[list[bytes], dict[str, int]]:
+    """wire.md §6.9: +1 at j (v = j), -1 at j (v = d + j), presence 2d; Polya noise and flood pairs."""
+    n = int(params["expected_n"])
+    p = grid_fraction(params["noise_probability"])
+    flood = min(1 << GRID_BITS, max(1, math.ceil(params["flood"] / n * (1 << GRID_BITS))))
+    noise = polya_batch(draw, p, n, 2 * d)
+    pairs = [int((u64le(draw) >> (64 - GRID_BITS)) < flood) for _ in range(d)]
+    counts = [int(j == value) + noise[j] + pairs[j] for j in range(d)]
+    counts += [noise[d + j] + pairs[j] for j in range(d)] + [1]
+    thresholds = {
+        "flood_threshold": flood,
+        "noise_numerator": p.numerator,
+        "noise_denominator": p.denominator,
+    }
+    return repeated(counts, width_for(2 * d)), thresholds
+
+
+def shuffle_only(
+    mechanism: str, params: dict[str, float], d: int, value: int, draw: Draw
+) -> tuple[list[bytes], dict[str, int]]:
+    """wire.md §6.8: the messages of one answer of a shuffle-only protocol, and the integers used."""
+    if mechanism == "cheu_binary_sum":
+        flip_threshold = math.ceil(Fraction(params["flip_probability"]) * (1 << GRID_BITS))
+        flip = int(randbits(draw, GRID_BITS + 1) < flip_threshold)
+        return [bytes([value ^ flip])], {"flip_threshold": flip_threshold}
+    if mechanism == "sample_and_threshold":
+        rate = Fraction(params["sample_rate"])
+        sampled = int(randbelow(draw, rate.denominator) < rate.numerator)
+        message = sampled * value + (1 - sampled) * d
+        return [message.to_bytes(width_for(d), "big")], {
+            "sample_numerator": rate.numerator,
+            "sample_denominator": rate.denominator,
+        }
+    if mechanism == "balcer_cheu_histogram":
+        return balcer_cheu(params, d, value, draw)
+    if mechanism in ("multi_message_sum", "multi_message_sum_binomial"):
+        return multi_sum(mechanism, params, value, draw)
+    if mechanism == "multi_message_histogram":
+        return multi_histogram(params, d, value, draw)
+    if mechanism == "flooded_histogram":
+        return flooded(params, d, value, draw)
+    raise SystemExit(f"this client does not implement {mechanism}")
+
+
 def plaintext(report_id: bytes, campaign_id: str, key_id: int, payload: bytes, length: int) -> bytes:
     """wire.md §3: version 1, report id, key id, campaign id (length + 64 bytes), payload, zeros."""
     campaign = campaign_id.encode()
@@ -284,7 +442,38 @@ def check(folder: Path) -> None:
         if context.hex() != case["info"] or opened.hex() != case["plaintext"]:
             raise SystemExit(f"envelope vector mismatch: {case['campaign_id']}")
         checked += 1
+    checked += check_shuffle_only(json.loads((folder / "multi_message.json").read_text()), private)
     print(f"{checked} vectors reproduced")
+
+
+def check_shuffle_only(vectors: dict, private: X25519PrivateKey) -> int:  # type: ignore[type-arg]
+    """multi_message.json: every protocol's messages and derived integers, then the sealed report."""
+    checked = 0
+    for vector in vectors["protocols"]:
+        for case in vector["cases"]:
+            messages, derived = shuffle_only(
+                vector["mechanism"],
+                vector["params"],
+                vector["domain_size"],
+                case["value"],
+                _stream(bytes.fromhex(case["randomness"])),
+            )
+            wanted = {k: v for k, v in vector["derived"].items() if k not in ("messages", "modulus")}
+            if [m.hex() for m in messages] != case["messages"] or derived != wanted:
+                raise SystemExit(f"shuffle-only vector mismatch: {vector['mechanism']} {case['value']}")
+            checked += 1
+    report = vectors["report"]
+    context = info(report["campaign_id"], report["key_id"], bytes.fromhex(report["incarnation"]))
+    for case in report["messages"]:
+        opened = SUITE.decrypt(bytes.fromhex(case["ciphertext"]), private, info=context)
+        payload = bytes.fromhex(case["payload"])
+        made = plaintext(
+            bytes.fromhex(case["report_id"]), report["campaign_id"], report["key_id"], payload, len(opened)
+        )
+        if context.hex() != report["info"] or opened.hex() != case["plaintext"] or made != opened:
+            raise SystemExit("multi-message report vector mismatch")
+        checked += 1
+    return checked
 
 
 def main(argv: list[str]) -> None:
