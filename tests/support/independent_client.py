@@ -12,6 +12,10 @@ Only the standard library, ``struct`` for the layout and ``cryptography`` for HP
     python tests/support/independent_client.py seal PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID PLAINTEXT_LENGTH \
         MECHANISM EPSILON0 DOMAIN_SIZE VALUE INCARNATION_HEX
         print the hex ciphertext (enc || ct) of one fresh report
+    python tests/support/independent_client.py seal-messages PUBLIC_KEY_HEX CAMPAIGN_ID KEY_ID \
+        PLAINTEXT_LENGTH MECHANISM DOMAIN_SIZE VALUE INCARNATION_HEX PARAMS_JSON
+        one fresh answer of a shuffle-only protocol (wire.md §6.8, §6.9): each message sealed
+        apart with its own report id, one hex ciphertext per line
 """
 
 from __future__ import annotations
@@ -487,6 +491,15 @@ def main(argv: list[str]) -> None:
             bytes.fromhex(key), campaign, int(key_id), int(length), payload, bytes.fromhex(incarnation)
         )
         print(sealed.hex())
+        return
+    if argv[:1] == ["seal-messages"] and len(argv) == 10:
+        key, campaign, key_id, length, mechanism, d, value, incarnation, params = argv[1:]
+        messages, _ = shuffle_only(mechanism, json.loads(params), int(d), int(value), os.urandom)
+        for message in messages:
+            sealed = seal(
+                bytes.fromhex(key), campaign, int(key_id), int(length), message, bytes.fromhex(incarnation)
+            )
+            print(sealed.hex())
         return
     raise SystemExit(__doc__)
 
