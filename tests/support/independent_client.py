@@ -450,10 +450,29 @@ def check(folder: Path) -> None:
     print(f"{checked} vectors reproduced")
 
 
+def valid_message(mechanism: str, params: dict[str, float], d: int, message: bytes) -> bool:
+    """wire.md §6.8, §6.9: whether the aggregator counts this message (else PAYLOAD_OUT_OF_DOMAIN)."""
+    value = int.from_bytes(message, "big")
+    if mechanism == "cheu_binary_sum":
+        return len(message) == 1 and value <= 1
+    if mechanism in ("sample_and_threshold", "balcer_cheu_histogram"):
+        return len(message) == width_for(d) and value <= d
+    if mechanism == "flooded_histogram":
+        return len(message) == width_for(2 * d) and value <= 2 * d
+    q = int(params["modulus"])
+    tag_width = width_for(d) if mechanism == "multi_message_histogram" else 1
+    tag, share = int.from_bytes(message[:tag_width], "big"), int.from_bytes(message[tag_width:], "big")
+    presence, last_share_tag = (d, d - 1) if mechanism == "multi_message_histogram" else (0, 1)
+    in_range = len(message) == tag_width + width_for(q - 1)
+    is_share = tag <= last_share_tag and tag != presence and share < q
+    return in_range and (is_share or (tag == presence and share == 0))
+
+
 def check_shuffle_only(vectors: dict, private: X25519PrivateKey) -> int:  # type: ignore[type-arg]
     """multi_message.json: every protocol's messages and derived integers, then the sealed report."""
     checked = 0
     for vector in vectors["protocols"]:
+        args = (vector["mechanism"], vector["params"], vector["domain_size"])
         for case in vector["cases"]:
             messages, derived = shuffle_only(
                 vector["mechanism"],
@@ -465,7 +484,11 @@ def check_shuffle_only(vectors: dict, private: X25519PrivateKey) -> int:  # type
             wanted = {k: v for k, v in vector["derived"].items() if k not in ("messages", "modulus")}
             if [m.hex() for m in messages] != case["messages"] or derived != wanted:
                 raise SystemExit(f"shuffle-only vector mismatch: {vector['mechanism']} {case['value']}")
+            if not all(valid_message(*args, m) for m in messages):
+                raise SystemExit(f"a valid message refused: {vector['mechanism']} {case['value']}")
             checked += 1
+        if any(valid_message(*args, bytes.fromhex(bad["message"])) for bad in vector["invalid"]):
+            raise SystemExit(f"an invalid message accepted: {vector['mechanism']}")
     report = vectors["report"]
     context = info(report["campaign_id"], report["key_id"], bytes.fromhex(report["incarnation"]))
     for case in report["messages"]:
