@@ -119,13 +119,15 @@ def test_dsn_description_hides_the_password() -> None:
 @pytest.mark.parametrize(
     ("dsn", "expected"),
     [
-        (f"postgresql://agg:s3cret@127.0.0.1:{free_port()}/counts", "cannot connect to PostgreSQL"),
+        ("postgresql://agg:s3cret@127.0.0.1:{free_port}/counts", "cannot connect to PostgreSQL"),
         ("postgresql://agg:s3cret@127.0.0.1:notaport/counts", "cannot connect to PostgreSQL"),
         ("mysql://agg:s3cret@127.0.0.1/counts", "must be a postgresql:// DSN"),
         ("counts.sqlite3", "must be a postgresql:// DSN"),
     ],
 )
 async def test_unusable_store_stops_startup_in_one_line(tmp_path: Path, dsn: str, expected: str) -> None:
+    """The port nobody listens on is picked when the test runs (the same test ids in every xdist worker)."""
+    dsn = dsn.replace("{free_port}", str(free_port()))
     with pytest.raises(ConfigurationError) as err:
         await start_aggregator(
             AggregatorConfig(insecure=True, data_dir=tmp_path / "agg", listen="127.0.0.1:0", store=dsn)

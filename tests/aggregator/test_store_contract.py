@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -278,18 +277,15 @@ async def test_concurrent_ingests_all_counted(store: AggregatorStore) -> None:
     assert snap.counts == [400, 400, 400] and snap.n == 1200 and snap.batches == 12
 
 
-async def test_large_batch_is_fast(store: AggregatorStore) -> None:
+async def test_a_large_batch_is_counted_whole_and_deduplicated_whole(store: AggregatorStore) -> None:
+    """50,000 reports in one batch, then half of them again: counted once each. Speed is measured by
+    bench/store_ingest.py, never asserted here (a wall-clock bound fails on a loaded machine)."""
     await store.create_campaign(campaign())
     valid = [(os.urandom(16), bytes([i % CELLS])) for i in range(50_000)]
-    started = time.perf_counter()
     out = await ingest(store, "big", valid)
-    elapsed = time.perf_counter() - started
     assert out.counted == 50_000
-    assert elapsed < 5.0, f"50k-report ingest took {elapsed:.2f} s"
-    started = time.perf_counter()
     again = await ingest(store, "big-again", valid[:25_000] + reports([0] * 25_000))
     assert again.counted == 25_000 and again.rejected == {DUP: 25_000}
-    assert time.perf_counter() - started < 5.0
 
 
 async def test_closed_store_refuses_work(open_store: StoreOpener) -> None:

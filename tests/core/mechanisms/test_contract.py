@@ -40,7 +40,9 @@ BAD_VALUES: tuple[object, ...] = (-1, 2**70, 1.0, 0.5, "0", None, b"\x00")
 
 
 @functools.cache
-def _create(name: str, epsilon0: float, domain_size: int, params: tuple[tuple[str, Any], ...]) -> LocalRandomiser:
+def _create(
+    name: str, epsilon0: float, domain_size: int, params: tuple[tuple[str, Any], ...]
+) -> LocalRandomiser:
     """One randomiser per parameter point for the whole file: randomisers hold no state between
     calls, and building some (flooded_histogram at eps0 0.5: an exact profile search, ~15 s) is
     the slowest step of several contract tests."""
