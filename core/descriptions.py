@@ -40,7 +40,9 @@ class VerifyKey:
 
     def __post_init__(self) -> None:
         if len(self.raw) != SIGNING_KEY_LENGTH:
-            raise ValueError(f"an Ed25519 signing public key is {SIGNING_KEY_LENGTH} bytes, got {len(self.raw)}")
+            raise ValueError(
+                f"an Ed25519 signing public key is {SIGNING_KEY_LENGTH} bytes, got {len(self.raw)}"
+            )
 
     def verifies(self, signature: bytes, message: bytes) -> bool:
         """Whether ``signature`` is this key's valid Ed25519 signature of ``message``."""

@@ -82,7 +82,9 @@ def keystream_chunk(key: bytes, index: int) -> bytes:
     if _active == CRYPTOGRAPHY:
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-        return Cipher(algorithms.ChaCha20(key, _COUNTER_ONE + nonce), mode=None).encryptor().update(_ZERO_CHUNK)
+        return (
+            Cipher(algorithms.ChaCha20(key, _COUNTER_ONE + nonce), mode=None).encryptor().update(_ZERO_CHUNK)
+        )
     from nacl.bindings import crypto_aead_chacha20poly1305_ietf_encrypt
 
     return crypto_aead_chacha20poly1305_ietf_encrypt(_ZERO_CHUNK, None, nonce, key)[:KEYSTREAM_CHUNK]
@@ -166,7 +168,8 @@ def ed25519_verify(public: bytes, signature: bytes, message: bytes) -> bool:
             return False
         return True
     from nacl.bindings import crypto_sign_open
-    from nacl.exceptions import BadSignatureError, ValueError as NaclValueError
+    from nacl.exceptions import BadSignatureError
+    from nacl.exceptions import ValueError as NaclValueError
 
     try:
         crypto_sign_open(signature + message, public)

@@ -3,8 +3,9 @@
 A ChaCha20 keystream keyed from ``os.urandom`` (re-keyed in every forked child), read as
 unsigned integers. The keystream is a sequence of 64 KiB chunks, chunk ``i`` being ChaCha20 under
 the key with nonce ``i``, blocks 1 to 1024 (``deniable.core.primitives.keystream_chunk``): the
-same bytes from cryptography and from PyNaCl (the bare device SDK, ADR 0039). Every privacy decision is an integer comparison against an exact
-threshold; nothing here returns a float. ``random`` and ``numpy.random`` are never used.
+same bytes from cryptography and from PyNaCl (the bare device SDK, ADR 0039). Every privacy
+decision is an integer comparison against an exact threshold; nothing here returns a float.
+``random`` and ``numpy.random`` are never used.
 """
 
 from __future__ import annotations

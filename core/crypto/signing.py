@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 SIGNING_NEEDS = "signing campaigns needs cryptography: pip install 'deniable[server]'"
 
+
 def _ed25519() -> type[Ed25519PrivateKey]:
     """cryptography's Ed25519 private key class; a hint naming the extra if it is not installed."""
     try:
