@@ -104,8 +104,9 @@ def _bare_venv(tmp_path: Path) -> Path:
 
 async def test_the_wheel_without_extras_installs_no_server_package_and_sends(tmp_path: Path) -> None:
     """``pip install deniable`` (the built wheel, no extras) into a fresh venv: none of the
-    server-only distributions nor grpcio nor cryptography is installed, it takes under BARE_LIMIT_MB, GrpcTransport
-    says which extra it needs, and a report sent from there over HTTPS is counted."""
+    server-only distributions nor grpcio nor cryptography is installed, it takes under
+    BARE_LIMIT_MB, GrpcTransport says which extra it needs, and a report sent from there over
+    HTTPS (sealed and verified on PyNaCl) is counted."""
     python = await asyncio.to_thread(_bare_venv, tmp_path)
     listing = subprocess.run(
         [str(python), "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True
