@@ -17,6 +17,7 @@ BACKEND_ENV: Final = "DENIABLE_CRYPTO_BACKEND"
 CRYPTOGRAPHY: Final = "cryptography"
 PYNACL: Final = "pynacl"
 BACKENDS: Final = (CRYPTOGRAPHY, PYNACL)
+_MODULE: Final = {CRYPTOGRAPHY: "cryptography", PYNACL: "nacl"}
 KEYSTREAM_CHUNK: Final = 1 << 16
 """Bytes per keystream chunk: 1024 ChaCha20 blocks, counters 1 to 1024 under one nonce."""
 _ZERO_CHUNK: Final = bytes(KEYSTREAM_CHUNK)
@@ -41,6 +42,8 @@ def _initial() -> str:
     if forced:
         if forced not in BACKENDS:
             raise ValueError(f"{BACKEND_ENV}={forced!r}: use one of {', '.join(BACKENDS)}")
+        if not _installed(_MODULE[forced]):
+            raise ModuleNotFoundError(f"{BACKEND_ENV}={forced}, but {forced} is not installed")
         return forced
     if _installed("cryptography"):
         return CRYPTOGRAPHY
@@ -62,7 +65,7 @@ def use(name: str) -> str:
     global _active
     if name not in BACKENDS:
         raise ValueError(f"unknown crypto backend {name!r}: use one of {', '.join(BACKENDS)}")
-    if not _installed("nacl" if name == PYNACL else name):
+    if not _installed(_MODULE[name]):
         raise ModuleNotFoundError(f"the {name} backend is not installed")
     previous, _active = _active, name
     return previous
