@@ -1,8 +1,11 @@
 """The one cryptographically secure random source for privacy noise and the shuffle.
 
 A ChaCha20 keystream keyed from ``os.urandom`` (re-keyed in every forked child), read as
-unsigned integers. Every privacy decision is an integer comparison against an exact
-threshold; nothing here returns a float. ``random`` and ``numpy.random`` are never used.
+unsigned integers. The keystream is a sequence of 64 KiB chunks, chunk ``i`` being ChaCha20 under
+the key with nonce ``i``, blocks 1 to 1024 (``deniable.core.primitives.keystream_chunk``): the
+same bytes from cryptography and from PyNaCl (the bare device SDK, ADR 0039). Every privacy
+decision is an integer comparison against an exact threshold; nothing here returns a float.
+``random`` and ``numpy.random`` are never used.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import weakref
 from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from deniable.core.primitives import KEYSTREAM_CHUNK, keystream_chunk
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,8 +28,7 @@ else:
     from deniable.core.lazy import numpy as np
     from deniable.core.lazy import numpy_typing as npt
 
-_BUFFER_BYTES: Final = 1 << 16
-_ZERO_BLOCK: Final = bytes(_BUFFER_BYTES)
+_BUFFER_BYTES: Final = KEYSTREAM_CHUNK
 
 
 _UNKEYED: weakref.WeakSet[Csprng] = weakref.WeakSet()
@@ -47,8 +49,8 @@ class Csprng:
         key = self._fixed_key if self._fixed_key is not None else os.urandom(32)
         if len(key) != 32:
             raise ValueError("a Csprng key is 32 bytes")
-        nonce = bytes(16)  # fresh key every time, so a constant nonce is sound
-        self._encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+        self._key = key
+        self._chunk = 0  # index (ChaCha20 nonce) of the next keystream chunk; a new key restarts it
         self._buffer = b""
         self._offset = 0
 
@@ -65,9 +67,8 @@ class Csprng:
     def bytes(self, count: int) -> bytes:
         """Return ``count`` uniformly random bytes.
 
-        Small requests come from a 64 KiB keystream buffer; a large one takes what the buffer
-        holds and then exactly the rest of the keystream in one cipher call. The stream is the
-        same either way (ChaCha20 continues across calls), only the copying differs.
+        They come from the current 64 KiB keystream chunk, then from as many following chunks as
+        needed; the stream is the same whatever the sizes of the reads.
         """
         if count < 0:
             raise ValueError("count must be non-negative")
@@ -77,14 +78,17 @@ class Csprng:
                 start = self._offset
                 self._offset += count
                 return self._buffer[start : self._offset]
-            head = self._buffer[self._offset :]
+            parts = [self._buffer[self._offset :]]
             rest = count - available
-            if rest >= _BUFFER_BYTES:
-                self._buffer, self._offset = b"", 0
-                return head + self._encryptor.update(bytes(rest))
-            self._buffer = self._encryptor.update(_ZERO_BLOCK)
-            self._offset = rest
-            return head + self._buffer[:rest]
+            while True:
+                self._buffer = keystream_chunk(self._key, self._chunk)
+                self._chunk += 1
+                if rest <= _BUFFER_BYTES:
+                    self._offset = rest
+                    parts.append(self._buffer[:rest])
+                    return b"".join(parts)
+                parts.append(self._buffer)
+                rest -= _BUFFER_BYTES
 
     def randbits(self, bits: int) -> int:
         """Uniform integer in [0, 2**bits)."""

@@ -10,5 +10,5 @@ python -m pip install --dry-run --ignore-installed --quiet --report "$out/report
 python - "$out/report.json" <<'PY'
 import json, sys
 picked = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"]}
-print("resolves: " + ", ".join(f"{n} {picked[n]}" for n in ("deniable", "flwr", "grpcio", "protobuf", "cryptography")))
+print("resolves: " + ", ".join(f"{n} {picked[n]}" for n in ("deniable", "flwr", "grpcio", "protobuf", "pynacl", "cryptography")))
 PY

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The SDK at the lowest versions pyproject.toml allows (ADR 0017): a venv in build/lowest with every
-# runtime floor of the bare install and [server] pinned exactly (grpcio, protobuf, cryptography,
-# numpy, ...), then the SDK tests: client, packaging, golden vectors, independent client.
+# runtime floor of the bare install and [server] pinned exactly (grpcio, protobuf, pynacl,
+# cryptography, numpy, ...), then the SDK tests: client, packaging, golden vectors, independent
+# client, and both crypto backends (PyNaCl at its floor against cryptography, ADR 0039).
 # Reuses the pip cache; about a minute when the wheels are cached. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,13 +24,13 @@ echo "== lowest allowed versions"; cat "$venv/constraints.txt"
 "$venv/bin/python" -m pip check
 "$venv/bin/python" - <<'PY'
 from importlib.metadata import version
-for name in ("grpcio", "protobuf", "cryptography", "numpy"):
+for name in ("grpcio", "protobuf", "pynacl", "cryptography", "numpy"):
     print(f"installed {name} {version(name)}")
 PY
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   tests/client/test_reporter.py tests/client/test_outbox.py tests/client/test_budget.py \
   tests/client/test_backoff.py tests/core/test_backoff.py tests/client/test_grpc_transport.py tests/client/test_sync_and_fetch.py \
   tests/client/test_package.py tests/core/test_wire.py tests/core/test_crypto.py \
-  tests/test_wire_vectors.py tests/sdk \
+  tests/test_wire_vectors.py tests/core/test_crypto_backends.py tests/sdk \
   --deselect tests/sdk/test_bare_install.py::test_the_wheel_without_extras_installs_no_server_package_and_sends \
   "$@"  # the wheel test builds and installs a wheel of its own: run by the main suite

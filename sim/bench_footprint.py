@@ -63,7 +63,7 @@ def site_packages_mb(python: Path) -> float:
 
 
 def package_sizes_mb(python: Path) -> dict[str, float]:
-    """MB per top-level entry of site-packages (``cryptography``, ``google``, ``deniable``, their
+    """MB per top-level entry of site-packages (``nacl``, ``google``, ``deniable``, their
     ``.dist-info``), without pip and setuptools: where an installation's size comes from."""
     site = Path(run(python, "-c", "import site; print(site.getsitepackages()[0])").strip())
     sizes: dict[str, int] = {}

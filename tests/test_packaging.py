@@ -49,6 +49,6 @@ def test_grpcio_is_an_extra_not_a_requirement(tmp_path: Path) -> None:
         line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
     ]
     bare = sorted(re.split(r"[<>=!~;\s]", r, maxsplit=1)[0] for r in requires if "extra ==" not in r)
-    assert bare == ["cryptography", "protobuf"], bare
+    assert bare == ["protobuf", "pynacl"], bare  # cryptography is [server]/[grpc] (ADR 0039)
     grpc_extras = {r.split("extra ==")[1].strip().strip("'\"") for r in requires if r.startswith("grpcio>")}
     assert {"grpc", "server"} <= grpc_extras, grpc_extras

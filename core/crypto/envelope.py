@@ -4,6 +4,10 @@ both with HKDF-SHA256 / ChaCha20-Poly1305.
 ``info`` binds the campaign id, key id and the campaign's incarnation, so a ciphertext moved to
 another campaign, relabelled with another key id or replayed into a later life of the same id
 fails to open. A key's KEM follows from its raw length.
+
+With ``cryptography`` (every service) its HPKE seals and opens; on the bare device SDK (PyNaCl,
+ADR 0039) X25519 goes through ``hpke_base`` (the same bytes) and the hybrid suite is refused with
+an error naming the extra that brings it.
 """
 
 from __future__ import annotations
@@ -11,21 +15,25 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hpke
-from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey, MLKEM768PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
+from deniable.core import primitives
+from deniable.core.crypto import hpke_base
 from deniable.core.crypto.keyfile import check_private_file, write_private_file
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives import hpke
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 KEM_X25519: Final = "x25519"
 KEM_HYBRID: Final = "x25519-mlkem768"
 SUITE_NAME: Final = "X25519-HKDF-SHA256-CHACHA20POLY1305"
 HYBRID_SUITE_NAME: Final = "MLKEM768X25519-HKDF-SHA256-CHACHA20POLY1305"
 HPKE_OVERHEAD: Final = 48  # 32-byte encapsulated key + 16-byte Poly1305 tag
+HYBRID_NEEDS: Final = (
+    "the hybrid ML-KEM suite needs the cryptography backend: pip install cryptography"
+    " (or deniable[server]); the bare SDK on PyNaCl seals X25519 only (ADR 0039)"
+)
 _INFO_PREFIX: Final = b"deniable/v1/report"
 _MLKEM_PUBLIC: Final = 1184
 _MLKEM_SEED: Final = 64
@@ -33,29 +41,34 @@ _MLKEM_SEED: Final = 64
 
 @dataclass(frozen=True)
 class Kem:
-    """One supported KEM: its names, HPKE suite and sizes (raw keys as stored and published)."""
+    """One supported KEM: its names and sizes (raw keys as stored and published)."""
 
     name: str
     suite_name: str
-    suite: hpke.Suite
     public_length: int
     private_length: int
     overhead: int
 
+    @property
+    def suite(self) -> hpke.Suite:
+        """cryptography's HPKE suite for this KEM (imports cryptography: the services' backend)."""
+        return _suite(self.name)
+
+
+@functools.cache
+def _suite(name: str) -> hpke.Suite:
+    """The cryptography HPKE suite of KEM ``name``, built once."""
+    from cryptography.hazmat.primitives import hpke
+
+    kem = hpke.KEM.X25519 if name == KEM_X25519 else hpke.KEM.MLKEM768_X25519
+    return hpke.Suite(kem, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
+
 
 KEMS: Final = {
-    KEM_X25519: Kem(
-        KEM_X25519,
-        SUITE_NAME,
-        hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305),
-        32,
-        32,
-        HPKE_OVERHEAD,
-    ),
+    KEM_X25519: Kem(KEM_X25519, SUITE_NAME, 32, 32, HPKE_OVERHEAD),
     KEM_HYBRID: Kem(
         KEM_HYBRID,
         HYBRID_SUITE_NAME,
-        hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305),
         _MLKEM_PUBLIC + 32,  # ML-KEM-768 encapsulation key || X25519 public key
         _MLKEM_SEED + 32,  # ML-KEM-768 seed (d || z) || X25519 private key
         1120 + 16,  # ML-KEM ciphertext 1088 + X25519 share 32, Poly1305 tag
@@ -88,9 +101,22 @@ def _kem_of(raw: bytes, public: bool) -> Kem:
     raise ValueError(f"a {len(raw)}-byte {what} key fits no supported KEM")
 
 
+def _with_cryptography(kem: Kem) -> bool:
+    """Whether this KEM goes through cryptography's HPKE now; the hybrid needs it (refused otherwise)."""
+    if primitives.active() == primitives.CRYPTOGRAPHY:
+        return True
+    if kem.name == KEM_HYBRID:
+        raise ValueError(HYBRID_NEEDS)
+    return False
+
+
 @functools.lru_cache(maxsize=64)
 def _public_key_object(raw: bytes) -> X25519PublicKey | hpke.MLKEM768X25519PublicKey:
     """Parsed public key, cached: parsing costs a third of a seal."""
+    from cryptography.hazmat.primitives import hpke
+    from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PublicKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
     if len(raw) == 32:
         return X25519PublicKey.from_public_bytes(raw)
     return hpke.MLKEM768X25519PublicKey(
@@ -102,6 +128,10 @@ def _public_key_object(raw: bytes) -> X25519PublicKey | hpke.MLKEM768X25519Publi
 @functools.lru_cache(maxsize=64)
 def _private_key_object(raw: bytes) -> X25519PrivateKey | hpke.MLKEM768X25519PrivateKey:
     """Parsed private key, cached: parsing costs a third of an open."""
+    from cryptography.hazmat.primitives import hpke
+    from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
     if len(raw) == 32:
         return X25519PrivateKey.from_private_bytes(raw)
     return hpke.MLKEM768X25519PrivateKey(
@@ -168,8 +198,11 @@ class KeyPair:
     @classmethod
     def generate(cls, key_id: int, kem: str = KEM_X25519) -> KeyPair:
         """A fresh key pair of ``kem`` from the OS random source."""
-        raw = X25519PrivateKey.generate().private_bytes_raw()
+        raw = primitives.x25519_private()
         if kem_named(kem).name == KEM_HYBRID:
+            _with_cryptography(KEMS[KEM_HYBRID])
+            from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey
+
             raw = MLKEM768PrivateKey.generate().private_bytes_raw() + raw
         return cls(key_id=key_id, private_raw=raw)
 
@@ -182,9 +215,11 @@ class KeyPair:
     def public(self) -> PublicKey:
         """The public half, for campaign descriptions."""
         raw = self.private_raw
-        x25519 = X25519PrivateKey.from_private_bytes(raw[-32:]).public_key()
-        public = x25519.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        public = primitives.x25519_public(raw[-32:])
         if len(raw) > 32:
+            _with_cryptography(self.kem)
+            from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey
+
             mlkem = MLKEM768PrivateKey.from_seed_bytes(raw[:_MLKEM_SEED]).public_key()
             public = mlkem.public_bytes_raw() + public
         return PublicKey(key_id=self.key_id, raw=public)
@@ -208,16 +243,24 @@ class KeyPair:
 def seal_report(plaintext: bytes, public_key: PublicKey, campaign_id: str, incarnation: bytes = b"") -> bytes:
     """Encrypt one padded plaintext to the aggregator key named in ``public_key``, bound to the
     campaign's id and ``incarnation``."""
-    suite = public_key.kem.suite
     info = envelope_info(campaign_id, public_key.key_id, incarnation)
-    return suite.encrypt(plaintext, public_key._key(), info=info)
+    if _with_cryptography(public_key.kem):
+        return public_key.kem.suite.encrypt(plaintext, public_key._key(), info=info)
+    return hpke_base.seal(public_key.raw, info, plaintext)
 
 
 def open_report(ciphertext: bytes, key_pair: KeyPair, campaign_id: str, incarnation: bytes = b"") -> bytes:
     """Decrypt one report; raises ``DecryptionError`` for anything that does not authenticate."""
+    info = envelope_info(campaign_id, key_pair.key_id, incarnation)
+    use_cryptography = _with_cryptography(key_pair.kem)  # a refused hybrid is no DecryptionError
     try:
-        return key_pair.kem.suite.decrypt(
-            ciphertext, key_pair._private(), info=envelope_info(campaign_id, key_pair.key_id, incarnation)
-        )
-    except (InvalidTag, ValueError) as exc:
+        if use_cryptography:
+            from cryptography.exceptions import InvalidTag
+
+            try:
+                return key_pair.kem.suite.decrypt(ciphertext, key_pair._private(), info=info)
+            except InvalidTag as exc:
+                raise ValueError("InvalidTag") from exc
+        return hpke_base.open_sealed(key_pair.private_raw, info, ciphertext)
+    except ValueError as exc:
         raise DecryptionError(str(exc) or type(exc).__name__) from exc

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typing import TYPE_CHECKING
 
 from deniable.core.crypto.keyfile import check_private_file, write_private_file
 from deniable.core.descriptions import (  # the public half lives where shufflers reach it
@@ -23,6 +22,21 @@ from deniable.core.descriptions import (  # the public half lives where shuffler
     verify_key,
 )
 from deniable.v1 import deniable_pb2 as pb
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+SIGNING_NEEDS = "signing campaigns needs cryptography: pip install 'deniable[server]'"
+
+
+def _ed25519() -> type[Ed25519PrivateKey]:
+    """cryptography's Ed25519 private key class; a hint naming the extra if it is not installed."""
+    try:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(SIGNING_NEEDS, name="cryptography") from exc
+    return Ed25519PrivateKey
+
 
 __all__ = [
     "SIGNATURE_DOMAIN",
@@ -38,7 +52,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SigningKey:
-    """The aggregator's Ed25519 signing key (raw 32-byte private key), separate from HPKE keys."""
+    """The aggregator's Ed25519 signing key (raw 32-byte private key), separate from HPKE keys.
+
+    Signing is the aggregator's (and tests'): it uses cryptography, which the bare SDK lacks.
+    """
 
     private_raw: bytes
 
@@ -49,10 +66,10 @@ class SigningKey:
     @classmethod
     def generate(cls) -> SigningKey:
         """A fresh signing key from the OS random source."""
-        return cls(Ed25519PrivateKey.generate().private_bytes_raw())
+        return cls(_ed25519().generate().private_bytes_raw())
 
     def _key(self) -> Ed25519PrivateKey:
-        return Ed25519PrivateKey.from_private_bytes(self.private_raw)
+        return _ed25519().from_private_bytes(self.private_raw)
 
     @property
     def public_raw(self) -> bytes:

@@ -19,17 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-
 from deniable.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import grpc
-else:  # grpcio is the [grpc] extra: a device on HttpTransport uses ClientTls without it
+    from cryptography import exceptions as cryptography_exceptions
+    from cryptography import x509
+else:  # grpcio is the [grpc] extra: a device on HttpTransport uses ClientTls without it; so is
+    # cryptography (certificate checks, ADR 0039): the bare SDK on PyNaCl has neither
     from deniable.core.lazy import LazyModule
 
+    _CERTS_HINT = "certificate checks need cryptography: pip install 'deniable[grpc]' or deniable[server]"
     grpc = LazyModule("grpc", "gRPC needs grpcio: pip install 'deniable[grpc]'")
+    x509 = LazyModule("cryptography.x509", _CERTS_HINT)
+    cryptography_exceptions = LazyModule("cryptography.exceptions", _CERTS_HINT)
 
 log = logging.getLogger("deniable.tls")
 _ROLE_CACHE_SIZE: Final = 1024
@@ -235,7 +238,7 @@ def peer_role(cert: x509.Certificate, issuers: Mapping[str, tuple[x509.Certifica
     for ca in issuers.get(PARTY_OF[role], ()):
         try:
             cert.verify_directly_issued_by(ca)
-        except (ValueError, TypeError, InvalidSignature):
+        except (ValueError, TypeError, cryptography_exceptions.InvalidSignature):
             continue
         return role
     return WRONG_ISSUER

@@ -3,7 +3,8 @@
 Run as ``python device_script.py SHUFFLER CAMPAIGN OUTBOX VALUE CA KEY [--block] [--https]``;
 ``--block`` makes every server-side package unimportable first, as in a bare ``pip install
 deniable``; ``--https``: SHUFFLER is the HTTPS endpoint's URL and the device uses HttpTransport
-(then grpc is blocked too). Prints one JSON line.
+(then grpc and cryptography are blocked too: the bare SDK seals and verifies on PyNaCl, ADR 0039).
+Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class _Block(importlib.abc.MetaPathFinder):
     """Refuses the server-only packages (and grpc when ``grpc_too``), as if they were not installed."""
 
     def __init__(self, grpc_too: bool) -> None:
-        self.blocked = (*SERVER_ONLY, "grpc", "aiohttp") if grpc_too else SERVER_ONLY
+        self.blocked = (*SERVER_ONLY, "grpc", "aiohttp", "cryptography") if grpc_too else SERVER_ONLY
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if name.partition(".")[0] in self.blocked:
@@ -59,7 +60,7 @@ def main() -> None:
         reporter.record(int(value))
         result = reporter.send_pending()
     outbox.close()
-    watched = (*SERVER_ONLY, "aiohttp", "grpc") if https else (*SERVER_ONLY, "aiohttp")
+    watched = (*SERVER_ONLY, "aiohttp", "grpc", "cryptography") if https else (*SERVER_ONLY, "aiohttp")
     loaded = sorted(m for m in watched if m in sys.modules)
     print(json.dumps({"acknowledged": result.acknowledged, "pending": result.pending, "loaded": loaded}))
 
