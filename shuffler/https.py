@@ -52,6 +52,8 @@ DEFAULT_MAX_CONCURRENT: Final = 256
 DEFAULT_BODY_TIMEOUT_S: Final = 30.0
 DEFAULT_IDLE_TIMEOUT_S: Final = 30.0
 DEFAULT_MAX_STREAMS: Final = 32
+DRAIN_BYTES: Final = 1024 * 1024
+"""At least this much of a refused body is read and dropped before the answer (``_drain``)."""
 ALPN: Final = ("h2", "http/1.1")
 """What the TLS handshake offers, best first: HTTP/2, then HTTP/1.1 (ADR 0038)."""
 PREFLIGHT_MAX_AGE_S: Final = 600
@@ -241,9 +243,9 @@ def route_of(path: str) -> Route:
     return Route("http_other")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Request:
-    """The parts of an ASGI HTTP scope the routes read, and the body's ``receive``."""
+    """The parts of an ASGI HTTP scope the routes read, and the body as it arrives."""
 
     method: str
     path: str
@@ -251,6 +253,17 @@ class Request:
     """Lower-case names (HTTP/2 sends them so, hypercorn lowers HTTP/1.1's); the last one wins."""
     client: str | None
     receive: Receive
+    body_done: bool = False
+    """The body's last chunk (or the client's leaving) has been received."""
+
+    async def chunk(self) -> bytes:
+        """The next piece of the body (``body_done`` after the last); _Gone if the client left."""
+        message = await self.receive()
+        if message["type"] == "http.disconnect":
+            self.body_done = True
+            raise _Gone
+        self.body_done = not message.get("more_body", False)
+        return bytes(message.get("body", b""))
 
     @classmethod
     def of(cls, scope: Scope, receive: Receive) -> Request:
@@ -337,8 +350,9 @@ class HttpsEndpoint:
         route = route_of(request.path)
         rpc = _rpc_of(request, route)
         if self._in_progress >= self.config.max_concurrent:
-            answer: Answer | None = _error("overloaded", "too many requests in progress; retry later")
-            answer.headers["retry-after"] = "1"  # type: ignore[union-attr]
+            shed = _error("overloaded", "too many requests in progress; retry later")
+            shed.headers["retry-after"] = "1"
+            answer: Answer | None = shed
         else:
             self._in_progress += 1
             try:
@@ -350,6 +364,8 @@ class HttpsEndpoint:
         self._allow_origin(request, answer)
         self._record(rpc, answer.status, time.perf_counter() - started)
         try:
+            if answer.status != ERROR_CODES["body_timeout"]:  # a body that does not come is not awaited
+                await self._drain(request)
             async with asyncio.timeout(self.config.body_timeout_s):
                 await send(
                     {"type": "http.response.start", "status": answer.status, "headers": answer.header_list()}
@@ -357,8 +373,8 @@ class HttpsEndpoint:
                 await send(
                     {"type": "http.response.body", "body": b"" if request.method == "HEAD" else answer.body}
                 )
-        except TimeoutError:
-            pass  # a reader that does not read: hypercorn closes the stream when we return
+        except (TimeoutError, _Gone):
+            pass  # a client that left or does not read: hypercorn closes the stream when we return
 
     async def _answer(self, request: Request, route: Route, rpc: str) -> Answer | None:
         """The route's answer, or the JSON error for what it refused; None if the client left."""
@@ -442,19 +458,31 @@ class HttpsEndpoint:
         size = 0
         try:
             async with asyncio.timeout(self.config.body_timeout_s):
-                while True:
-                    message = await request.receive()
-                    if message["type"] == "http.disconnect":
-                        raise _Gone
-                    chunk = bytes(message.get("body", b""))
-                    size += len(chunk)
+                while not request.body_done:
+                    chunks.append(await request.chunk())
+                    size += len(chunks[-1])
                     if size > limit:
                         raise HttpRefusal("body_too_large", f"the body is larger than {limit} bytes")
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        return b"".join(chunks)
         except TimeoutError:
             raise HttpRefusal("body_timeout", "the body did not arrive in time") from None
+        return b"".join(chunks)
+
+    async def _drain(self, request: Request) -> None:
+        """Read and drop what is left of a refused request's body (up to ``drain_bytes`` and
+        ``body_timeout_s``) before answering.
+
+        Why: hypercorn 0.18 forgets an HTTP/2 stream once its answer is sent, and DATA that then
+        arrives for it ends the whole connection with a KeyError (hypercorn issue #329, unmerged
+        fixes #312, #334), taking the connection's other requests with it. Answering only after the
+        body ended keeps a polite client's connection; one that sends more than the bound loses it.
+        Over HTTP/1.1 it lets the connection be kept alive instead of closed."""
+        left = max(self.config.max_body_bytes, DRAIN_BYTES)
+        try:
+            async with asyncio.timeout(self.config.body_timeout_s):
+                while not request.body_done and left > 0:
+                    left -= len(await request.chunk())
+        except TimeoutError:
+            pass
 
     def _health(self) -> Answer:
         """200 ``serving`` or 503 ``not_serving``; the reasons stay in the logs and metrics."""
