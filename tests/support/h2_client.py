@@ -150,7 +150,8 @@ class RawH2:
         """The answer's status on ``stream``, once its headers came."""
         for event in self.events:
             if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream:
-                return int(dict(event.headers)[":status"])
+                headers = {str(name): str(value) for name, value in event.headers or []}
+                return int(headers[":status"])  # str: the connection decodes headers as UTF-8
         return None
 
     def reset(self, stream: int) -> bool:
