@@ -152,7 +152,7 @@ def server_ssl_context(tls: ServerTls) -> ssl.SSLContext:
     return context
 
 
-@dataclass(frozen=True)
+@dataclass
 class Answer:
     """One HTTP answer before it is sent: status, headers (lower-case names) and the whole body."""
 
@@ -178,14 +178,17 @@ def _error(code: str, message: str) -> Answer:
 
 
 def _json(status: int, value: object) -> Answer:
+    """A JSON answer (health)."""
     return Answer(status, json.dumps(value).encode(), "application/json")
 
 
 def _protobuf(message: ProtoMessage) -> Answer:
+    """A 200 with ``message``'s protobuf bytes."""
     return Answer(200, message.SerializeToString(), PROTOBUF)
 
 
 def _valid_path_campaign(campaign_id: str) -> str:
+    """The path's campaign id if it has the valid shape; HttpRefusal (never echoing it) if not."""
     if not valid_campaign_id(campaign_id):
         raise HttpRefusal("invalid_campaign_id", "the path does not name a campaign id of the valid shape")
     return campaign_id
