@@ -4,12 +4,14 @@ Each ``open_*`` is an async context manager yielding ``submit(raw, timeout) -> S
 that raises ``SubmitFailed`` (with ``retryable``) for a refused or lost request, so the load test's
 retry loop is the same for all. The HTTP ones are load generators, not devices: over HTTP/1.1
 aiohttp's client (the ``[server]`` extra), keep-alive connections up to the concurrency; over HTTP/2
-httpx's (``httpx[http2]``, in ``[dev]``), every request a stream of one connection; the body sent
+httpx's (``httpx[http2]``, in ``[dev]``), requests as streams of a few connections; the body sent
 as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -93,10 +95,17 @@ def _answered(status: int, body: bytes) -> pb.SubmitReportsResponse:
     return pb.SubmitReportsResponse.FromString(body)
 
 
+STREAMS_PER_H2_CONNECTION: Final = 4
+"""Requests in flight per HTTP/2 connection of the generator: several streams per connection, as a
+browser tab has, over several connections, as many devices have (and one httpx connection alone
+cannot keep a server busy)."""
+
+
 @asynccontextmanager
 async def open_h2(url: str, campaign_id: str, concurrency: int, ca: Path) -> AsyncIterator[Submit]:
-    """POST /v1/campaigns/{id}/reports over HTTP/2 (one TLS connection, ALPN ``h2`` only, requests
-    as concurrent streams); needs ``httpx[http2]``."""
+    """POST /v1/campaigns/{id}/reports over HTTP/2 (TLS, ALPN ``h2`` only): ``concurrency`` requests
+    in flight as streams of ⌈concurrency / STREAMS_PER_H2_CONNECTION⌉ connections, taken in turn;
+    needs ``httpx[http2]``."""
     try:
         import httpx
     except ImportError:
@@ -106,12 +115,17 @@ async def open_h2(url: str, campaign_id: str, concurrency: int, ca: Path) -> Asy
 
     target = f"{url.rstrip('/')}/v1/campaigns/{quote(campaign_id, safe='')}/reports"
     headers = {"Content-Type": "application/x-protobuf"}
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     context = ssl.create_default_context(cafile=str(ca))
-    async with httpx.AsyncClient(http1=False, http2=True, verify=context, limits=limits) as client:
-        del concurrency  # the load test bounds requests in flight; they share the one connection
+    count = max(1, -(-concurrency // STREAMS_PER_H2_CONNECTION))
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(http1=False, http2=True, verify=context))
+            for _ in range(count)
+        ]
+        turn = itertools.count()
 
         async def submit(raw: bytes, timeout: float) -> pb.SubmitReportsResponse:
+            client = clients[next(turn) % count]
             try:
                 answer = await client.post(target, content=raw, headers=headers, timeout=timeout)
             except httpx.HTTPError as exc:
