@@ -35,8 +35,12 @@ BACKLOG: Final = 1024
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 MAX_HEAD_BYTES: Final = 16 * 1024
 """HTTP/1.1 request line plus headers, and HTTP/2 header list: as aiohttp's 8 KiB line + 8 KiB fields."""
-MAX_REQUESTS_PER_CONNECTION: Final = 1000
-"""Then the connection is closed (``Connection: close``, HTTP/2 GOAWAY) and the client reconnects."""
+MAX_REQUESTS_PER_CONNECTION: Final = 1_000_000
+"""Then the connection is closed (``Connection: close``, HTTP/2 GOAWAY) and the client reconnects.
+High on purpose: hypercorn's GOAWAY at this count ends an HTTP/2 connection with its streams in
+flight (measured with curl at hypercorn's default of 1000: the requests in flight failed and the
+TLS close stalled); nothing per connection grows with its request count, and the idle timeout and
+the stream limit bound a connection."""
 APP_QUEUE_CHUNKS: Final = 10
 """Body chunks hypercorn buffers per request before it stops reading the connection (HTTP/1.1) or
 withholds HTTP/2 flow-control credit: the app's pace is the sender's pace."""
