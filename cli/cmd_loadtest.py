@@ -58,10 +58,11 @@ def register(sub: Subparsers) -> None:
     )
     load.add_argument(
         "--transport",
-        choices=("grpc", "https", "http"),
+        choices=("grpc", "https", "h2", "http"),
         default="grpc",
-        help="how devices reach the shuffler: its gRPC device port, its HTTPS face (TLS), or that"
-        " face in plaintext like the benchmark's gRPC (default grpc; https/http start their own services)",
+        help="how devices reach the shuffler: its gRPC device port, its HTTPS face (TLS; https: HTTP/1.1,"
+        " h2: HTTP/2, needs httpx[http2]), or that face in plaintext like the benchmark's gRPC"
+        " (default grpc; https/h2/http start their own services)",
     )
     load.add_argument("--no-progress", action="store_true", help="no progress bars")
     load.set_defaults(handler=run)

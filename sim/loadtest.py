@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from deniable.sim import benchkit, populations, render
 from deniable.sim.benchkit import ServiceProcess
-from deniable.sim.submitters import TRANSPORTS, Submit, SubmitFailed, open_grpc, open_http
+from deniable.sim.submitters import TRANSPORTS, Submit, SubmitFailed, open_grpc, open_h2, open_http
 from deniable.v1 import deniable_pb2 as pb
 
 PATTERNS: Final = ("constant", "bursts", "diurnal")
@@ -73,8 +73,9 @@ class LoadConfig:
     grace_s: float | None = None
     """Time allowed beyond ``duration_s`` for sending and counting (default: max(60 s, duration))."""
     transport: str = "grpc"
-    """How devices reach the shuffler: ``grpc``, ``https`` (its HTTPS face, TLS) or ``http`` (that
-    face in plaintext, like the benchmark's gRPC); only with services started here."""
+    """How devices reach the shuffler: ``grpc``, ``https`` (its HTTPS face, TLS, HTTP/1.1), ``h2``
+    (the same over HTTP/2) or ``http`` (that face in plaintext, like the benchmark's gRPC); only
+    with services started here."""
 
     @property
     def rate(self) -> float:
@@ -92,7 +93,7 @@ class LoadConfig:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"--transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.transport != "grpc" and self.shuffler is not None:
-            raise ValueError("--transport https/http starts its own services: not with --shuffler")
+            raise ValueError("--transport https/h2/http starts its own services: not with --shuffler")
         if (self.shuffler is None) != (self.aggregator is None):
             raise ValueError("give both --shuffler and --aggregator (a deployment), or neither")
         for address in (self.shuffler, self.aggregator):
@@ -241,6 +242,8 @@ def _submitter(
     if where.https is None:
         raise RuntimeError("the shuffler was started without its HTTPS face")
     scheme = "https" if where.ca is not None else "http"
+    if config.transport == "h2" and where.ca is not None:
+        return open_h2(f"https://{where.https}", campaign_id, config.concurrency, where.ca)
     return open_http(f"{scheme}://{where.https}", campaign_id, config.concurrency, where.ca)
 
 

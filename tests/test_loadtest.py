@@ -102,15 +102,16 @@ def test_loadtest_against_a_running_deployment(tmp_path: Path) -> None:
         aggregator.stop()
 
 
-def test_loadtest_over_the_https_face_counts_every_report(tmp_path: Path) -> None:
-    """Devices over HTTPS (TLS, one report per request as a phone would send): every offered report
-    acknowledged through the HTTPS face and counted once."""
+@pytest.mark.parametrize("transport", ["https", "h2"])
+def test_loadtest_over_the_https_face_counts_every_report(tmp_path: Path, transport: str) -> None:
+    """Devices over HTTPS (TLS, one report per request as a phone would send; HTTP/1.1 or HTTP/2):
+    every offered report acknowledged through the HTTPS face and counted once."""
     report = tmp_path / "r.json"
-    args = ["loadtest", "--devices", "200", "--duration", "1", "--transport", "https", "--no-progress"]
+    args = ["loadtest", "--devices", "200", "--duration", "1", "--transport", transport, "--no-progress"]
     args += ["--request-reports", "1", "--out", str(tmp_path / "plots"), "--json", str(report)]
     assert main([*args, "--workers", "1"]) == 0
     result = json.loads(report.read_text())
-    assert result["config"]["transport"] == "https"
+    assert result["config"]["transport"] == transport
     assert result["acknowledged"] == result["counted"] == 200 and result["failed_reports"] == 0
     assert result["requests"] == 200  # one POST per device: the HTTPS face answered each
 

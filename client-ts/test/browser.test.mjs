@@ -2,7 +2,8 @@
 // a browser): the browser bundle loaded by a page served on http://localhost, IndexedDB outboxes and
 // ledgers, reports sent over HTTPS (CORS allow-list set to the page's origin) to the real services.
 // TLS: Chromium trusts exactly the shuffler's key through --ignore-certificate-errors-spki-list (its
-// SPKI SHA-256 pin), not a blanket ignore.
+// SPKI SHA-256 pin), not a blanket ignore. Chromium negotiates HTTP/2 with the HTTPS face (ALPN h2,
+// ADR 0038); the test checks it through the DevTools protocol.
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import { createServer } from "node:http";
@@ -44,6 +45,13 @@ test(`${DEVICES} browser devices: IndexedDB outbox survives a reload, reports co
   const page = await context.newPage();
   const errors = [];
   page.on("pageerror", (e) => errors.push(e.message));
+  // which HTTP version each answer of the shuffler came over, as Chromium's network stack saw it
+  const protocols = new Set();
+  const cdp = await context.newCDPSession(page);
+  await cdp.send("Network.enable");
+  cdp.on("Network.responseReceived", (e) => {
+    if (e.response.url.startsWith(stack.url)) protocols.add(e.response.protocol);
+  });
   const load = async () => {
     await page.goto(`${origin}/`);
     await page.waitForFunction(() => window.ready === true);
@@ -72,6 +80,7 @@ test(`${DEVICES} browser devices: IndexedDB outbox survives a reload, reports co
   assert.equal(answer.n, DEVICES);
   assert.equal(answer.rejected, 0);
   assert.deepEqual(errors, []);
+  assert.deepEqual([...protocols], ["h2"], "Chromium negotiates HTTP/2 with the shuffler (ALPN h2)");
   await context.close();
 });
 

@@ -24,13 +24,15 @@ SERVER_ONLY = (
     "tqdm",
     "grpc_health",
 )
+HTTP_SERVER = ("aiohttp", "hypercorn", "h2", "h11")
+"""The HTTP stacks of the services (the shuffler's HTTPS face, the load generator): never on a device."""
 
 
 class _Block(importlib.abc.MetaPathFinder):
     """Refuses the server-only packages (and grpc when ``grpc_too``), as if they were not installed."""
 
     def __init__(self, grpc_too: bool) -> None:
-        self.blocked = (*SERVER_ONLY, "grpc", "aiohttp", "cryptography") if grpc_too else SERVER_ONLY
+        self.blocked = (*SERVER_ONLY, *HTTP_SERVER, "grpc", "cryptography") if grpc_too else SERVER_ONLY
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if name.partition(".")[0] in self.blocked:
@@ -60,7 +62,7 @@ def main() -> None:
         reporter.record(int(value))
         result = reporter.send_pending()
     outbox.close()
-    watched = (*SERVER_ONLY, "aiohttp", "grpc", "cryptography") if https else (*SERVER_ONLY, "aiohttp")
+    watched = (*SERVER_ONLY, *HTTP_SERVER, "grpc", "cryptography") if https else (*SERVER_ONLY, *HTTP_SERVER)
     loaded = sorted(m for m in watched if m in sys.modules)
     print(json.dumps({"acknowledged": result.acknowledged, "pending": result.pending, "loaded": loaded}))
 

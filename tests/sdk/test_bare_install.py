@@ -2,9 +2,10 @@
 (ADR 0033) nor cryptography (ADR 0039: it seals and verifies on PyNaCl).
 
 The default run sends a report from a subprocess where numpy, tqdm, prometheus-client, aiomqtt,
-asyncpg, matplotlib, scipy and grpc-health are unimportable (over gRPC; over HTTPS grpc, aiohttp and
-cryptography too); the default run also builds the wheel, installs it with no extras into a fresh venv, checks
-it stays under BARE_LIMIT_MB and sends over HTTPS from there.
+asyncpg, matplotlib, scipy and grpc-health are unimportable (over gRPC; over HTTPS grpc, cryptography
+and the services' HTTP stacks, aiohttp and hypercorn with h2 and h11, too); the default run also
+builds the wheel, installs it with no extras into a fresh venv, checks it stays under BARE_LIMIT_MB
+and sends over HTTPS from there.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ FORBIDDEN = (
     "grpcio-health-checking",
     "aiohttp",
     "cryptography",
+    "hypercorn",
+    "h2",
+    "h11",
 )
 BARE_LIMIT_MB = 14.0
 """A ceiling on the bare device SDK's installed size (site-packages without pip and setuptools):

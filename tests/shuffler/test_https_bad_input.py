@@ -111,3 +111,18 @@ async def test_body_shorter_than_its_length_times_out(tmp_path: Path) -> None:
         assert status_line.startswith(b"HTTP/1.1 408"), status_line
         writer.close()
         assert await pending(services) == 0
+
+
+async def test_a_request_head_that_never_completes_is_cut_at_the_idle_timeout(tmp_path: Path) -> None:
+    """Slow-loris: a request line and headers sent in part and then held; the connection is closed
+    once ``idle_timeout_s`` passes (the keep-alive timer runs until a whole head has arrived), and
+    nothing reached the handlers."""
+    async with https_services(tmp_path, idle_timeout_s=0.3) as (services, client):
+        assert services.shuffler is not None and services.shuffler.https_address is not None
+        host, port = services.shuffler.https_address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=client.ssl, server_hostname=host)
+        writer.write(b"POST /v1/campaigns/c1/reports HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 30) == b""  # closed without an answer
+        writer.close()
+        assert await pending(services) == 0

@@ -32,7 +32,7 @@ class Answer:
 
 @dataclass
 class HttpsClient:
-    """Requests to the shuffler's HTTPS face, trusting the development CA."""
+    """Requests to the shuffler's HTTPS face over HTTP/1.1 (aiohttp's client), trusting the development CA."""
 
     base: str
     session: aiohttp.ClientSession
