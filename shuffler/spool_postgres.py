@@ -175,8 +175,8 @@ class PostgresSpool(SegmentStoreBase):
         ``whole``: the release must end on a request (segment) boundary;
         if the oldest segments no longer fit the sizes (another shuffler formed batches since they
         were planned), nothing is formed. ONE permutation of the whole release, cut into chunks
-        (ADR 0023); each chunk is gathered by one streamed pass over the segments (ADR 0042), so
-        memory is a chunk and a few segments, never the release.
+        (ADR 0023); each chunk is gathered by one pass over the segments, a bounded run of them per
+        round trip (ADR 0042), so memory is a chunk and one run, never the release.
         """
         async with self._pool.acquire() as db, db.transaction():
             await db.execute(
@@ -190,13 +190,14 @@ class PostgresSpool(SegmentStoreBase):
                 [int(h[1]) for h in heads], [sum(ask.sizes)] if ask.sizes else [total]
             ):
                 return []
-            seqs = [int(h[0]) for h in heads]
+            whole = [(int(h[0]), int(h[1])) for h in heads]
             take = min(ask.limit, total)
-            tail = await _split_newest(db, seqs.pop(), total - take) if total > take else None
+            tail = await _split_newest(db, whole.pop()[0], total - take) if total > take else None
+            seqs = [seq for seq, _ in whole]
             formed: list[FormedBatch] = []
             for own, chunk in release_slices(take, ask.sizes or [take], ask.permutation):
                 gather = ChunkGather(own)
-                async for segment in _segments(db, seqs, tail):
+                async for segment in _segments(db, whole, tail):
                     gather.feed(segment)
                 rows, order = gather.finish()
                 batch_id = new_batch_id()
@@ -296,25 +297,41 @@ _Db: TypeAlias = "asyncpg.Connection[asyncpg.Record] | asyncpg.pool.PoolConnecti
 """A connection of the pool (the forming transaction's); a string: asyncpg's classes are not generic
 at run time, only in its stubs."""
 
-SEGMENTS_PER_FETCH: Final = 8
-"""Segments (requests) one cursor round trip brings over while a chunk is gathered: with a
-request at most a few MB, the fetch holds a bounded few tens of MB, whatever the release size."""
+REPORTS_PER_FETCH: Final = 20_000
+"""Reports one round trip brings over while a chunk is gathered (a run of whole segments; a single
+larger segment comes alone): about 3-5 MB of ciphertexts, whatever the release size."""
 
 
-async def _segments(db: _Db, seqs: list[int], tail: Columns | None) -> AsyncIterator[Columns]:
-    """The release's segments in stored order, streamed by a server-side cursor (then ``tail``).
+def fetch_runs(heads: list[tuple[int, int]], limit: int = REPORTS_PER_FETCH) -> list[list[int]]:
+    """The segments' sequence numbers (``heads``: (seq, reports), oldest first) cut into runs of at
+    most ``limit`` reports each, in order; a segment above ``limit`` is a run of its own."""
+    runs: list[list[int]] = []
+    held = limit
+    for seq, count in heads:
+        if held + count > limit:
+            runs.append([])
+            held = 0
+        runs[-1].append(seq)
+        held += count
+    return runs
 
-    Runs inside the forming transaction (a cursor needs one); ``prefetch`` bounds how many rows
-    are held at once.
+
+async def _segments(db: _Db, heads: list[tuple[int, int]], tail: Columns | None) -> AsyncIterator[Columns]:
+    """The release's segments in stored order, a bounded run of them per round trip (then ``tail``).
+
+    Runs inside the forming transaction, under the campaign's lock: the rows cannot change.
     """
-    if seqs:
-        async for row in db.cursor(
+    for run in fetch_runs(heads, REPORTS_PER_FETCH):
+        rows = await db.fetch(
             "SELECT key_ids, lengths, ciphertexts FROM shuffler_pending WHERE seq = ANY($1::bigint[])"
             " ORDER BY seq",
-            seqs,
-            prefetch=SEGMENTS_PER_FETCH,
-        ):
+            run,
+        )
+        if len(rows) != len(run):
+            raise RuntimeError("pending segments changed while a release was formed")
+        for row in rows:
             yield Columns.load(row[0], row[1], row[2])
+        del rows
     if tail is not None:
         yield tail
 
