@@ -81,6 +81,19 @@ def mean_messages(name: str, domain: int, devices: int, delta: float) -> float:
     return float(mean if mean else randomiser.max_messages_per_device or 1)
 
 
+def devices_for(name: str, config: PipelineConfig) -> int:
+    """Devices whose expected messages come nearest ``config.messages`` (bisection: a protocol's
+    messages per device may depend on n, as flooded_histogram's noise share does)."""
+    low, high = 2, config.max_devices
+    while high - low > max(1, low // 50):  # within 2%
+        middle = (low + high) // 2
+        if middle * mean_messages(name, config.domain, middle, config.delta) < config.messages:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
 def campaign_request(name: str, config: PipelineConfig, devices: int) -> pb.CreateCampaignRequest:
     """A ``domain``-bucket question answered with ``name``, every device in one release (as the demo)."""
     request = pb.CreateCampaignRequest(
@@ -95,15 +108,19 @@ def campaign_request(name: str, config: PipelineConfig, devices: int) -> pb.Crea
     )
     params = _calibration_params(name, devices, config.delta)
     _plan_for_one_batch(request, devices, config.delta, name, params, None)
+    randomiser = mechanisms.create(name, epsilon0=config.epsilon0, domain_size=config.domain, **params)
+    if randomiser.max_messages_per_device is None:
+        # No bound on one device's messages: the aggregator's batch target in messages is then
+        # the device count itself, which the first devices' messages reach long before the last
+        # device has sent, and the early release (too few devices for n_min) is refused for good.
+        # Here every device is meant to be in the one release at close: a target no run reaches.
+        request.batch_target = max(devices, 100 * config.messages)
     return request
 
 
 async def _one(services: LocalServices, name: str, config: PipelineConfig) -> PipelineRow:
     """Create the campaign, devices report, close, wait until counted; seconds per step."""
-    devices = config.max_devices
-    for _ in range(2):  # a protocol's messages per device may depend on n (flooded_histogram's do)
-        guess = mean_messages(name, config.domain, devices, config.delta)
-        devices = max(2, min(config.max_devices, round(config.messages / guess)))
+    devices = devices_for(name, config)
     request = campaign_request(name, config, devices)
     await services.create_campaign(request)
     values = exact_population(zipf_shares(config.domain), devices).tolist()

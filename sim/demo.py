@@ -186,8 +186,11 @@ async def run_pipeline(
     mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
     mqtt_insecure: bool = False,
     hold: Hold | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> list[DemoCampaign]:
     """Run the demo in ``workdir`` and return each campaign with its answer.
+
+    ``say`` gets the notes worth telling before a long run (``heavy_note``); the demo prints them.
 
     With ``mqtt_broker`` the shuffler also serves that broker and the devices reach it there
     (campaigns from its retained topics, reports and answers as MQTT messages), not over gRPC;
@@ -202,8 +205,8 @@ async def run_pipeline(
         for campaign in campaigns:  # planning takes a few seconds
             campaign.created = await services.create_campaign(campaign.request)
             note = heavy_note(campaign.created, devices)
-            if note:
-                print(note, flush=True)
+            if note and say is not None:
+                say(note)
         transport = await _device_transport(services, mqtt_broker, mqtt_prefix, mqtt_insecure)
         outbox = Outbox(workdir / "devices" / "outbox.db")
         try:
@@ -388,6 +391,7 @@ def run_demo(
             mqtt_prefix,
             mqtt_insecure,
             hold,
+            say=lambda note: print(note, flush=True),
         )
         campaigns = asyncio.run(pipeline)
     elapsed = time.perf_counter() - started
