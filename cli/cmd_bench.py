@@ -51,6 +51,14 @@ def register(sub: Subparsers) -> None:
         help="instead: messages, bytes and CPU per device of the shuffle-only histograms (d = 2, 32, 1024)",
     )
     bench.add_argument(
+        "--pipeline",
+        action="store_true",
+        help=(
+            "instead: messages/s of multi-message protocols beside reports/s of a single-message"
+            " mechanism through the services (--reports messages each)"
+        ),
+    )
+    bench.add_argument(
         "--devices", type=positive_int, default=None, help="n for --compare-libraries/--memory"
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress output")
@@ -58,7 +66,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen benchmark: library comparison, protocols, memory, or throughput (the default)."""
+    """Run the chosen benchmark: libraries, protocols, memory, pipeline, or throughput (the default)."""
     progress = not args.no_progress
     if args.compare_libraries:
         _compare_libraries(args, progress)
@@ -66,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         _protocols(args)
     elif args.memory:
         _memory(args, progress)
+    elif args.pipeline:
+        _pipeline(args, progress)
     else:
         _throughput(args, progress)
     return 0
@@ -99,6 +109,17 @@ def _memory(args: argparse.Namespace, progress: bool) -> None:
     if args.devices is not None:
         memory_config.reports = args.devices
     run_memory(memory_config, args.json, progress=progress)
+
+
+def _pipeline(args: argparse.Namespace, progress: bool) -> None:
+    """``--pipeline``: messages/s of multi-message protocols beside a single message's reports/s."""
+    from deniable.sim.bench_pipeline import PipelineConfig, run_pipeline_bench
+
+    config = PipelineConfig.quick() if args.quick else PipelineConfig()
+    if args.reports is not None:
+        config.messages = args.reports
+    config.progress = progress
+    run_pipeline_bench(config, args.json)
 
 
 def _throughput(args: argparse.Namespace, progress: bool) -> None:

@@ -26,9 +26,9 @@ import numpy.typing as npt
 
 from deniable.core.errors import ConfigurationError
 from deniable.core.plumbing.sqlite import open_database
-from deniable.shuffler.columns import U32, Columns, batch_wire, release_slices, shuffled_batch_wire
+from deniable.shuffler.columns import Columns, batch_wire, release_slices, shuffled_batch_wire
 from deniable.shuffler.spool import CampaignSpoolStats, FormedBatch, new_batch_id
-from deniable.shuffler.spool_common import FormRequest, SegmentStoreBase
+from deniable.shuffler.spool_common import ChunkGather, FormRequest, SegmentStoreBase
 from deniable.v1 import deniable_pb2 as pb
 
 PAGE_SIZE: Final = 65536
@@ -166,23 +166,10 @@ def _gather(
 ) -> tuple[Columns, npt.NDArray[np.int64]]:
     """The reports at release positions ``own`` (in stored order) and the order that puts them in
     the permuted order ``own``: one pass over the segments, keeping only this chunk's rows."""
-    by_position = np.argsort(own, kind="stable")
-    wanted = own[by_position]
-    pieces: list[Columns] = []
-    base = 0
+    gather = ChunkGather(own)
     for segment in _segments(db, campaign_id, last, tail):
-        low, high = np.searchsorted(wanted, [base, base + segment.count])
-        if high > low:
-            pieces.append(segment.take(wanted[low:high] - base))
-        base += segment.count
-    rows = (
-        Columns.concat(pieces)
-        if pieces
-        else Columns(own[:0].astype(U32), own[:0].astype(U32), np.empty(0, np.uint8))
-    )
-    if rows.count != own.size:
-        raise RuntimeError("pending segments changed while a release was formed")
-    return rows, np.argsort(by_position).astype(np.int64)
+        gather.feed(segment)
+    return gather.finish()
 
 
 @dataclass

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from deniable.shuffler.columns import Columns, parse_batch_wire, segments_of
+import numpy as np
+import numpy.typing as npt
+
+from deniable.shuffler.columns import U32, Columns, parse_batch_wire, segments_of
 from deniable.shuffler.spool import BatchRecord, Envelope, FormedBatch, Permutation
 
 
@@ -28,6 +31,48 @@ class FormRequest:
     at_least: int
     permutation: Permutation
     whole: bool = False
+
+
+@dataclass
+class ChunkGather:
+    """The reports at release positions ``own`` of one chunk, picked from the segments in one pass.
+
+    Feed every segment of the release in stored order; only this chunk's reports are copied, so a
+    spool holds one chunk (plus one segment) while forming a release, never the whole release. The
+    permutation is still one permutation of the whole release (``release_slices``): ``own`` is this
+    chunk's slice of it.
+    """
+
+    own: npt.NDArray[np.int64]
+    _by_position: npt.NDArray[np.int64] = field(init=False)
+    _wanted: npt.NDArray[np.int64] = field(init=False)
+    _pieces: list[Columns] = field(init=False, default_factory=list)
+    _base: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        """Sort the chunk's positions once: each segment then takes one contiguous run of them."""
+        self._by_position = np.argsort(self.own, kind="stable")
+        self._wanted = self.own[self._by_position]
+
+    def feed(self, segment: Columns) -> None:
+        """Keep (a copy of) this segment's reports that belong to the chunk."""
+        low, high = np.searchsorted(self._wanted, [self._base, self._base + segment.count])
+        if high > low:
+            self._pieces.append(segment.take(self._wanted[low:high] - self._base))
+        self._base += segment.count
+
+    def finish(self) -> tuple[Columns, npt.NDArray[np.int64]]:
+        """(the chunk's reports in stored order, the order that puts them in permuted order)."""
+        own = self.own
+        rows = (
+            Columns.concat(self._pieces)
+            if self._pieces
+            else Columns(own[:0].astype(U32), own[:0].astype(U32), np.empty(0, np.uint8))
+        )
+        self._pieces = []
+        if rows.count != own.size:
+            raise RuntimeError("pending segments changed while a release was formed")
+        return rows, np.argsort(self._by_position).astype(np.int64)
 
 
 class SegmentStoreBase(ABC):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
-from typing import Any, Final, TypeVar
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, Final, TypeAlias, TypeVar
 
 import asyncpg
 
@@ -28,7 +28,7 @@ from deniable.shuffler.spool import (
     SpoolUnavailable,
     new_batch_id,
 )
-from deniable.shuffler.spool_common import FormRequest, SegmentStoreBase
+from deniable.shuffler.spool_common import ChunkGather, FormRequest, SegmentStoreBase
 from deniable.v1 import deniable_pb2 as pb
 
 T = TypeVar("T")
@@ -174,7 +174,9 @@ class PostgresSpool(SegmentStoreBase):
 
         ``whole``: the release must end on a request (segment) boundary;
         if the oldest segments no longer fit the sizes (another shuffler formed batches since they
-        were planned), nothing is formed.
+        were planned), nothing is formed. ONE permutation of the whole release, cut into chunks
+        (ADR 0023); each chunk is gathered by one pass over the segments, a bounded run of them per
+        round trip (ADR 0042), so memory is a chunk and one run, never the release.
         """
         async with self._pool.acquire() as db, db.transaction():
             await db.execute(
@@ -188,34 +190,30 @@ class PostgresSpool(SegmentStoreBase):
                 [int(h[1]) for h in heads], [sum(ask.sizes)] if ask.sizes else [total]
             ):
                 return []
-            seqs = [int(h[0]) for h in heads]
-            rows = await db.fetch(
-                "SELECT key_ids, lengths, ciphertexts FROM shuffler_pending WHERE seq = ANY($1::bigint[])"
-                " ORDER BY seq",
-                seqs,
-            )
-            taken = Columns.concat([Columns.load(bytes(r[0]), bytes(r[1]), bytes(r[2])) for r in rows])
+            whole = [(int(h[0]), int(h[1])) for h in heads]
             take = min(ask.limit, total)
-            if total > take:  # the newest segment stays partly pending
-                taken, rest = taken.split(take)
-                await db.execute(
-                    "UPDATE shuffler_pending SET report_count = $1, key_ids = $2, lengths = $3,"
-                    " ciphertexts = $4 WHERE seq = $5",
-                    rest.count,
-                    *(bytes(b) for b in rest.blobs()),
-                    seqs.pop(),
-                )
+            tail = await _split_newest(db, whole.pop()[0], total - take) if total > take else None
+            seqs = [seq for seq, _ in whole]
             formed: list[FormedBatch] = []
-            # ONE permutation of the whole release, cut into chunks (ADR 0023).
             for own, chunk in release_slices(take, ask.sizes or [take], ask.permutation):
+                gather = ChunkGather(own)
+                async for segment in _segments(db, whole, tail):
+                    gather.feed(segment)
+                rows, order = gather.finish()
                 batch_id = new_batch_id()
-                wire, digest = batch_wire(batch_id, ask.campaign_id, taken, own, release=chunk)
-                formed.append(FormedBatch(batch_id, ask.campaign_id, int(own.size), digest, wire))
-            await db.executemany(
-                "INSERT INTO shuffler_batches (batch_id, campaign_id, report_count, digest, wire)"
-                " VALUES ($1, $2, $3, $4, $5)",
-                [(b.batch_id, ask.campaign_id, b.report_count, b.digest, bytes(b.wire)) for b in formed],
-            )
+                wire, digest = batch_wire(batch_id, ask.campaign_id, rows, order, release=chunk)
+                del rows
+                await db.execute(
+                    "INSERT INTO shuffler_batches (batch_id, campaign_id, report_count, digest, wire)"
+                    " VALUES ($1, $2, $3, $4, $5)",
+                    batch_id,
+                    ask.campaign_id,
+                    int(own.size),
+                    digest,
+                    bytes(wire),
+                )
+                del wire
+                formed.append(FormedBatch(batch_id, ask.campaign_id, int(own.size), digest, b""))
             if seqs:
                 await db.execute("DELETE FROM shuffler_pending WHERE seq = ANY($1::bigint[])", seqs)
             return formed
@@ -293,6 +291,66 @@ class PostgresSpool(SegmentStoreBase):
         self._run(self._pool.close())
         self._closed = True
         self._stop_loop()
+
+
+_Db: TypeAlias = "asyncpg.Connection[asyncpg.Record] | asyncpg.pool.PoolConnectionProxy[asyncpg.Record]"
+"""A connection of the pool (the forming transaction's); a string: asyncpg's classes are not generic
+at run time, only in its stubs."""
+
+REPORTS_PER_FETCH: Final = 20_000
+"""Reports one round trip brings over while a chunk is gathered (a run of whole segments; a single
+larger segment comes alone): about 3-5 MB of ciphertexts, whatever the release size."""
+
+
+def fetch_runs(heads: list[tuple[int, int]], limit: int = REPORTS_PER_FETCH) -> list[list[int]]:
+    """The segments' sequence numbers (``heads``: (seq, reports), oldest first) cut into runs of at
+    most ``limit`` reports each, in order; a segment above ``limit`` is a run of its own."""
+    runs: list[list[int]] = []
+    held = limit
+    for seq, count in heads:
+        if held + count > limit:
+            runs.append([])
+            held = 0
+        runs[-1].append(seq)
+        held += count
+    return runs
+
+
+async def _segments(db: _Db, heads: list[tuple[int, int]], tail: Columns | None) -> AsyncIterator[Columns]:
+    """The release's segments in stored order, a bounded run of them per round trip (then ``tail``).
+
+    Runs inside the forming transaction, under the campaign's lock: the rows cannot change.
+    """
+    for run in fetch_runs(heads, REPORTS_PER_FETCH):
+        rows = await db.fetch(
+            "SELECT key_ids, lengths, ciphertexts FROM shuffler_pending WHERE seq = ANY($1::bigint[])"
+            " ORDER BY seq",
+            run,
+        )
+        if len(rows) != len(run):
+            raise RuntimeError("pending segments changed while a release was formed")
+        for row in rows:
+            yield Columns.load(row[0], row[1], row[2])
+        del rows
+    if tail is not None:
+        yield tail
+
+
+async def _split_newest(db: _Db, seq: int, keep_pending: int) -> Columns:
+    """Leave the last ``keep_pending`` reports of segment ``seq`` pending; return the others (a copy)."""
+    row = await db.fetchrow("SELECT key_ids, lengths, ciphertexts FROM shuffler_pending WHERE seq = $1", seq)
+    if row is None:
+        raise RuntimeError("pending segments changed while a release was formed")
+    stored = Columns.load(row[0], row[1], row[2])
+    head, rest = stored.split(stored.count - keep_pending)
+    await db.execute(
+        "UPDATE shuffler_pending SET report_count = $1, key_ids = $2, lengths = $3,"
+        " ciphertexts = $4 WHERE seq = $5",
+        rest.count,
+        *(bytes(b) for b in rest.blobs()),
+        seq,
+    )
+    return Columns(head.key_ids.copy(), head.lengths.copy(), head.data.copy())
 
 
 def _on_boundaries(segments: list[int], sizes: list[int]) -> bool:

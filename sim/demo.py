@@ -186,8 +186,11 @@ async def run_pipeline(
     mqtt_prefix: str = mqtt.DEFAULT_PREFIX,
     mqtt_insecure: bool = False,
     hold: Hold | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> list[DemoCampaign]:
     """Run the demo in ``workdir`` and return each campaign with its answer.
+
+    ``say`` gets the notes worth telling before a long run (``heavy_note``); the demo prints them.
 
     With ``mqtt_broker`` the shuffler also serves that broker and the devices reach it there
     (campaigns from its retained topics, reports and answers as MQTT messages), not over gRPC;
@@ -201,6 +204,9 @@ async def run_pipeline(
     async with local_services(workdir, ingress, **operator_port) as services:
         for campaign in campaigns:  # planning takes a few seconds
             campaign.created = await services.create_campaign(campaign.request)
+            note = heavy_note(campaign.created, devices)
+            if note and say is not None:
+                say(note)
         transport = await _device_transport(services, mqtt_broker, mqtt_prefix, mqtt_insecure)
         outbox = Outbox(workdir / "devices" / "outbox.db")
         try:
@@ -222,6 +228,31 @@ async def run_pipeline(
         if hold is not None:
             await hold(services)
     return campaigns
+
+
+def heavy_note(created: pb.Campaign, devices: int) -> str | None:
+    """What the demo says before it starts a protocol over the planner's per-device budget.
+
+    Such a protocol (``multi_message_histogram``: 2d + 1 messages per device) multiplies the
+    demo's work by its messages per device; the note says so and what it means in time, so the
+    demo does not look hung (progress bars show each step as it goes).
+    """
+    from deniable.core.accounting.planner import DeviceBudget, device_cost
+    from deniable.core.campaigns import randomiser_for
+
+    cost = device_cost(randomiser_for(created))
+    budget = DeviceBudget()
+    if cost["messages_per_device"] <= budget.max_messages and cost["bytes_per_device"] <= budget.max_bytes:
+        return None
+    messages = cost["messages_per_device"] * devices
+    return (
+        f"note: {pb.Mechanism.Name(created.mechanism).lower()} is a heavy protocol here:"
+        f" {cost['messages_per_device']:,.0f} messages ({cost['bytes_per_device'] / 1024:,.1f} KiB sealed)"
+        f" per device, {messages:,.0f} messages for {devices:,} devices, over the planner's budget of"
+        f" {budget.max_messages:.0f} messages and {budget.max_bytes / 1024:.0f} KiB; expect minutes, not"
+        " seconds, on a small machine (docs/performance.md); `deniable privacy plan` lists lighter"
+        " candidates"
+    )
 
 
 async def _device_transport(
@@ -360,6 +391,7 @@ def run_demo(
             mqtt_prefix,
             mqtt_insecure,
             hold,
+            say=lambda note: print(note, flush=True),
         )
         campaigns = asyncio.run(pipeline)
     elapsed = time.perf_counter() - started

@@ -14,6 +14,7 @@ import pytest
 
 from deniable.core.batches import batch_digest
 from deniable.core.rng import default_rng
+from deniable.shuffler import segments, spool_postgres
 from deniable.shuffler.columns import ColumnReports
 from deniable.shuffler.segments import SegmentSpool
 from deniable.shuffler.spool import Envelope, SpoolStore
@@ -268,6 +269,35 @@ def test_pending_segments_are_one_per_request_and_campaign(spool: SpoolStore) ->
     assert spool.pending_segment_counts("a") == [3, 2]
     assert spool.pending_segment_counts("b") == [1]
     assert spool.load_wire("no-such-batch") is None
+
+
+def test_a_release_is_formed_a_chunk_at_a_time(spool: SpoolStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forming a release of 500 in chunks of 100 never materialises more than a chunk of reports.
+
+    Structural, not RSS: every ``batch_wire`` call (where a chunk's reports are copied into its
+    message) is recorded; the pre-ADR-0042 PostgreSQL spool passed it the whole release (500)
+    and so fails here. Formed batches do not keep their wire bytes in memory either.
+    """
+    built: list[int] = []
+    for module in (segments, spool_postgres):
+        original = module.batch_wire
+
+        def recording(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            built.append(args[2].count)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, "batch_wire", recording)
+    reports = [envelopes("a", 25, start=25 * i) for i in range(20)]
+    for request in reports:
+        spool.append(request)
+    order = [int(i) for i in default_rng().permutation(500)]
+    formed = spool.form_batch_sizes("a", [100] * 5, fixed(order), whole=True)
+    assert built == [100] * 5
+    assert [b.report_count for b in formed] == [100] * 5 and all(not b.wire for b in formed)
+    flat = [e for request in reports for e in request]
+    got = [r for b in formed for r in (spool.load_batch(b.batch_id) or pytest.fail("lost")).reports]
+    assert got == [flat[i] for i in order]  # one permutation over the whole release, cut in five
+    assert spool.pending_count("a") == 0
 
 
 def test_the_contract_suite_runs_over_both_spools() -> None:

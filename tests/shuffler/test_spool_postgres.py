@@ -17,9 +17,10 @@ from deniable.cli.main import main
 from deniable.cli.options import spool_store_dsn
 from deniable.core.errors import ConfigurationError
 from deniable.core.rng import default_rng
+from deniable.shuffler import spool_postgres
 from deniable.shuffler.columns import parse_batch_wire
 from deniable.shuffler.spool import Envelope, SpoolUnavailable
-from deniable.shuffler.spool_postgres import LOCK_NAMESPACE, PostgresSpool
+from deniable.shuffler.spool_postgres import LOCK_NAMESPACE, PostgresSpool, fetch_runs
 
 
 @pytest.fixture
@@ -219,3 +220,37 @@ def test_spool_dsn_from_flag_file_or_environment(tmp_path: Path, monkeypatch: py
     assert spool_store_dsn("postgresql://flag@db/x", secret) == "postgresql://flag@db/x"
     with pytest.raises(ConfigurationError, match="cannot read the secret file"):
         spool_store_dsn(None, tmp_path / "missing")
+
+
+def test_fetch_runs_cut_the_segments_into_bounded_runs_in_order() -> None:
+    heads = [(1, 25), (2, 25), (3, 10), (4, 90), (5, 5), (6, 50)]
+    assert fetch_runs(heads, 50) == [[1, 2], [3], [4], [5], [6]]
+    assert fetch_runs(heads, 1000) == [[1, 2, 3, 4, 5, 6]]
+    assert fetch_runs([], 50) == []
+
+
+def test_a_release_is_read_a_bounded_run_at_a_time(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every round trip that reads pending segments while a release is formed brings at most
+    REPORTS_PER_FETCH reports (here 50: two requests of 25), never the release (500)."""
+    runs: list[list[int]] = []
+
+    def recording(heads: list[tuple[int, int]], limit: int) -> list[list[int]]:
+        cut = fetch_runs(heads, limit)
+        runs.extend(cut)
+        return cut
+
+    monkeypatch.setattr(spool_postgres, "REPORTS_PER_FETCH", 50)
+    monkeypatch.setattr(spool_postgres, "fetch_runs", recording)
+    spool = PostgresSpool(dsn)
+    try:
+        for i in range(20):
+            spool.append(reports(25, 25 * i))
+        formed = spool.form_batch_sizes("a", [100] * 5, default_rng().permutation, whole=True)
+        assert [b.report_count for b in formed] == [100] * 5
+        assert len(runs) == 5 * 10 and all(len(run) == 2 for run in runs)  # 5 passes, 10 runs each
+        got = sorted(
+            r.ciphertext for b in formed for r in (spool.load_batch(b.batch_id) or pytest.fail()).reports
+        )
+        assert got == sorted(e.ciphertext for e in reports(500, 0))
+    finally:
+        spool.close()
