@@ -2,9 +2,12 @@
 
 Per bucket the analyser sees two counts: U = S + N1 + F ("+1" messages) and V = N2 + F ("-1"
 messages), N1, N2 the totals of the devices' Polya draws and F the total of their flood pairs
-(one "+1" and one "-1" together). Buckets are independent given the data, and a changed value
-moves one device's "+1" from bucket b to bucket a, so the whole view's divergence is the exact
-composition of two 2-D shifts: (U + 1, V) vs (U, V) in bucket a and the reverse in bucket b.
+(one "+1" and one "-1" together). F is Bin(n, r) (a Bernoulli pair per device, ADR 0035) or
+NB(n / S, b) (each device draws NB(1 / S, b) pairs, a Polya draw; ADR 0044): the NB flood has
+variance / mean = 1 / (1 - b), so it hides the same with fewer messages.
+Buckets are independent given the data, and a changed value moves one device's "+1" from
+bucket b to bucket a, so the whole view's divergence is the exact composition of two 2-D shifts:
+(U + 1, V) vs (U, V) in bucket a and the reverse in bucket b.
 In the coordinates (D, V) = (U - V, V) = (S + N1 - N2, N2 + F) the shift moves D only.
 
 P[D = t, V = v] = sum_k P[N2 = k] P[N1 = t + k] P[F = v - k]; every atom's privacy loss is
@@ -49,12 +52,22 @@ def polya_single(n: int, shares: int, nonzero: float) -> tuple[np.ndarray, float
 
 
 @functools.lru_cache(maxsize=64)
-def flood_law(n: int, rate: float) -> tuple[int, np.ndarray, float]:
-    """(lo, pmf, neglected) of F ~ Bin(n, rate) on its Chernoff window."""
+def flood_law(n: int, rate: float, shares: int = 0) -> tuple[int, np.ndarray, float]:
+    """(lo, pmf, neglected) of the total flood F: Bin(n, rate) on its Chernoff window when
+    ``shares`` is 0, else NB(n / shares, b), b = 1 - (1 - rate)^shares (every device's pairs a
+    Polya draw that is nonzero w.p. ``rate``) with each end trimmed of at most e^-60."""
     if rate <= 0:
         return 0, np.ones(1), 0.0
-    lo, hi, neglected = chernoff_window(n, rate, _LOG_TAIL)
-    return lo, pmf_run(lo, hi - lo + 1, n, rate), neglected
+    if shares == 0:
+        lo, hi, neglected = chernoff_window(n, rate, _LOG_TAIL)
+        return lo, pmf_run(lo, hi - lo + 1, n, rate), neglected
+    pmf, tail = polya_single(n, shares, rate)
+    cut = math.exp(-_LOG_TAIL)
+    lower, upper = np.cumsum(pmf), np.cumsum(pmf[::-1])
+    lo = int(np.searchsorted(lower, cut, side="right"))  # pmf[:lo] sums to <= e^-60
+    drop = int(np.searchsorted(upper, cut, side="right"))  # so does pmf[len - drop:]
+    dropped = (float(lower[lo - 1]) if lo else 0.0) + (float(upper[drop - 1]) if drop else 0.0)
+    return lo, pmf[lo : pmf.size - drop], tail + dropped
 
 
 def joint_law(noise: np.ndarray, flood: np.ndarray) -> np.ndarray:
@@ -100,15 +113,19 @@ def atoms_delta(prepared: Prepared, epsilon: float) -> float:
 
 
 @functools.lru_cache(maxsize=16)
-def bucket_law(n: int, shares: int, nonzero: float, rate: float) -> Prepared:
+def bucket_law(n: int, shares: int, nonzero: float, rate: float, flood_shares: int = 0) -> Prepared:
     """The prepared two-bucket atoms of the per-bucket (D, V) law at n devices."""
     noise, tail = polya_single(n, shares, nonzero)
-    _, flood, neglected = flood_law(n, rate)
+    _, flood, neglected = flood_law(n, rate, flood_shares)
     return prepare(joint_law(noise, flood), 2 * tail + neglected)
 
 
-def flooded_delta(n: int, shares: int, nonzero: float, rate: float, epsilon: float) -> float:
-    """delta(eps) of the whole shuffled view at n devices (exact but for the e^-60 windows)."""
+def flooded_delta(
+    n: int, shares: int, nonzero: float, rate: float, epsilon: float, flood_shares: int = 0
+) -> float:
+    """delta(eps) of the whole shuffled view at n devices (exact but for the e^-60 windows);
+    ``flood_shares`` 0: Bernoulli(rate) pairs per device, else NB(1 / flood_shares, b) pairs."""
     if n < 1:
         return 1.0
-    return atoms_delta(bucket_law(int(n), int(shares), float(nonzero), float(rate)), epsilon)
+    law = bucket_law(int(n), int(shares), float(nonzero), float(rate), int(flood_shares))
+    return atoms_delta(law, epsilon)

@@ -596,19 +596,25 @@ FLOODED_HISTOGRAM = "flooded histogram: exact two-bucket profile of the (+1, -1)
 
 @functools.lru_cache(maxsize=256)
 def flooded_histogram_guarantee(
-    n: int, p: float, rate: float, shares: int, delta: float
+    n: int, p: float, rate: float, shares: int, delta: float, flood_shares: int = 0
 ) -> AmplificationBound:
-    """Smallest eps with the exact two-bucket profile (``_flooded.flooded_delta``) <= delta at n."""
+    """Smallest eps with the exact two-bucket profile (``_flooded.flooded_delta``) <= delta at n;
+    ``flood_shares`` 0: Bernoulli(rate) flood pairs per device, else NB(1/flood_shares, b) pairs."""
     from deniable.core.amplification._flooded import flooded_delta
 
     _check_delta(delta)
     if n < 1:
         return not_applicable(FLOODED_HISTOGRAM, "no devices")
-    epsilon = _first_crossing(lambda eps: flooded_delta(n, shares, p, rate, eps), delta)
+    epsilon = _first_crossing(lambda eps: flooded_delta(n, shares, p, rate, eps, flood_shares), delta)
     if math.isinf(epsilon):
         return not_applicable(FLOODED_HISTOGRAM, f"no epsilon below 50 reaches delta={delta:g} at n={n}")
+    flood = (
+        f"F ~ Bin(n={n}, {rate:.6g})"
+        if flood_shares == 0
+        else f"F ~ NB(n/{flood_shares}, b), P[device's pairs > 0]={rate:.6g}"
+    )
     note = (
         f"per bucket +1: S + N1 + F, -1: N2 + F; N ~ NB(n/{shares}, a), P[draw > 0]={p:.6g};"
-        f" F ~ Bin(n={n}, {rate:.6g}); two buckets composed exactly"
+        f" {flood}; two buckets composed exactly"
     )
     return AmplificationBound(epsilon, delta, FLOODED_HISTOGRAM, True, note)

@@ -1,17 +1,20 @@
-"""Flooded histogram: central accuracy in about two messages per device at d = 32.
+"""Flooded histogram: near-central accuracy in about 2 messages per device at d = 32, 10 at d = 1024.
 
 Messages are "+1 at j" (value j), "-1 at j" (value d + j) and one constant presence message
 (value 2d). A device with value x sends, for every bucket j:
   "+1 at j" 1{x = j} + N1_j + F_j times and "-1 at j" N2_j + F_j times,
 with N1_j, N2_j ~ NB(1/expected_n, a) exact Polya draws (Balle, Bell, Gascon, Nissim CCS 2020)
-and F_j ~ Bernoulli(r) a "flood" pair that cancels in the estimate. The analyser's estimate
+and F_j "flood" pairs that cancel in the estimate: F_j ~ NB(1/S, b), a Polya draw nonzero w.p.
+q, so the n devices' pairs add up to NB(n/S, b) with variance / mean = 1 / (1 - b) (ADR 0044:
+the same hiding for fewer messages than a Bernoulli(r) pair per device, ADR 0035, still
+available as ``flood_dispersion`` 1). The analyser's estimate
 c(+1, j) - c(-1, j) = x_j + (sum N1_j - sum N2_j): at expected_n devices the noise is exactly
 discrete Laplace, unbiased, variance n Var(N1 - N2) (the same noise as multi_message_histogram).
 The flood hides how much of the "-1" count is noise: without it the "-1" count would reveal
 sum N2 and the "+1" count's noise would be one-sided. The idea is Ghazi, Kumar, Manurangsi,
 Pagh (ICML 2020, "private counting from anonymous messages") and Ghazi, Kumar, Manurangsi,
 Pagh, Sinha (ICML 2021): correlated +1/-1 noise messages; the analysis here is our own exact
-two-bucket profile (``amplification._flooded``). Expected messages: 2 + 2 d (r + P[N > 0]).
+two-bucket profile (``amplification._flooded``). Expected messages: 2 + 2 d (E[F_j] + P[N > 0]).
 Local guarantee: none (the own "+1" is sent in the clear, sealed only to the aggregator).
 """
 
@@ -50,7 +53,26 @@ else:
     from deniable.core.lazy import numpy as np
 
 MAX_BUCKETS = 4096
-DEFAULT_FLOOD = 1000.0  # expected flood pairs per bucket at expected_n: 1.12x central at n = 1e5
+DEFAULT_FLOOD = 400.0  # expected flood pairs per bucket at expected_n (at most; see default_flood)
+FLOOD_MESSAGES = 7.5  # the default flood costs at most this many messages per device on average
+DEFAULT_DISPERSION = 8.0  # Var / mean of the total flood: 1.08x central at n = 1e5, d = 1024
+
+
+def default_flood(expected_n: int, domain_size: int) -> float:
+    """min(400, N / 4, 7.5 N / (2 d)): at most 7.5 flood messages per device whatever d."""
+    return min(DEFAULT_FLOOD, expected_n / 4, FLOOD_MESSAGES * expected_n / (2 * domain_size))
+
+
+def flood_sampler(expected_n: int, flood: float, dispersion: float) -> tuple[int, int]:
+    """(S, q numerator on the 2^-52 grid) for a total flood of mean ~``flood`` and Var / mean
+    ``dispersion`` at N devices: NB(N/S, b), 1 - b = 1 / dispersion, S = round(N (D - 1) / flood),
+    q = 1 - D^(-1/S) rounded up. ``dispersion`` 1: S = 0, Bernoulli(q = flood / N) pairs."""
+    if not 1 <= dispersion <= 1000:
+        raise ValueError(f"flood_dispersion must lie in [1, 1000], got {dispersion!r}")
+    if dispersion == 1 or flood == 0:
+        return 0, grid_up(flood / expected_n)
+    shares = max(1, round(expected_n * (dispersion - 1) / flood))
+    return shares, grid_up(-math.expm1(-math.log(dispersion) / shares))
 
 
 class FloodedHistogram(PolyaNoise, LocalRandomiser):
@@ -74,44 +96,76 @@ class FloodedHistogram(PolyaNoise, LocalRandomiser):
         delta: float = DEFAULT_DELTA,
         flood: float | None = None,
         noise_probability: float | None = None,
+        flood_dispersion: float = DEFAULT_DISPERSION,
+        flood_shares: int | None = None,
+        flood_probability: float | None = None,
     ) -> None:
         """epsilon0: central target at expected_n; flood: expected pairs per bucket at expected_n
-        (default min(1000, expected_n / 4))."""
+        (default ``default_flood``) with Var / mean ``flood_dispersion``; or the exact sampler
+        ``flood_shares`` (S, 0 for Bernoulli) and ``flood_probability`` (q), as a campaign carries."""
         super().__init__(epsilon0, domain_size)
         if domain_size > MAX_BUCKETS:
             raise ValueError(f"flooded_histogram supports at most {MAX_BUCKETS} buckets")
         self.expected_n = int_param(expected_n, "expected_n", 2, 1 << 32)
         self.delta = probability_param(delta, "delta")
-        if flood is None:
-            flood = min(DEFAULT_FLOOD, self.expected_n / 4)
-        if not 0 <= float(flood) <= self.expected_n / 2:
-            raise ValueError(f"flood must lie in [0, expected_n / 2], got {flood!r}")
-        self._flood_threshold = grid_up(float(flood) / self.expected_n)
+        self.flood_shares, self._flood_threshold = self._flood_parameters(
+            flood, float(flood_dispersion), flood_shares, flood_probability
+        )
         self.flood_rate = Fraction(self._flood_threshold, GRID)
         numerator = self._smallest_noise() if noise_probability is None else given_noise(noise_probability)
         self.noise = Fraction(numerator, GRID)
         self._check_noise()
 
+    def _flood_parameters(
+        self, flood: float | None, dispersion: float, shares: int | None, probability: float | None
+    ) -> tuple[int, int]:
+        """(S, q numerator): given exactly, or derived from the flood's mean and dispersion."""
+        if probability is not None:
+            s = int_param(shares or 0, "flood_shares", 0, 1 << 32)
+            q = Fraction(float(probability))
+            if not 0 <= q < 1 or (s > 0 and q == 0):
+                raise ValueError(f"flood_probability must lie in [0, 1), got {probability!r}")
+            return s, -((-q.numerator * GRID) // q.denominator)
+        if flood is None:
+            flood = default_flood(self.expected_n, self.domain_size)
+        if not 0 <= float(flood) <= self.expected_n / 2:
+            raise ValueError(f"flood must lie in [0, expected_n / 2], got {flood!r}")
+        return flood_sampler(self.expected_n, float(flood), dispersion)
+
     def parameters(self) -> dict[str, float]:
         return {
             "expected_n": float(self.expected_n),
             "delta": self.delta,
-            "flood": float(self.flood_rate) * self.expected_n,
+            "flood_shares": float(self.flood_shares),
+            "flood_probability": float(self.flood_rate),
             "noise_probability": float(self.noise),
         }
+
+    @property
+    def flood_pairs_per_device(self) -> float:
+        """E[pairs per device per bucket]: q (Bernoulli) or b / (S (1 - b)), b = 1 - (1 - q)^S."""
+        q, s = float(self.flood_rate), self.flood_shares
+        if s == 0:
+            return q
+        return math.expm1(-s * math.log1p(-q)) / s
+
+    @property
+    def flood_mean(self) -> float:
+        """E[total flood pairs per bucket] at expected_n."""
+        return self.flood_pairs_per_device * self.expected_n
 
     # ----------------------------------------------------------------------- privacy
 
     def _bound(self, n: int, numerator: int, delta: float) -> AmplificationBound:
         return flooded_histogram_guarantee(
-            int(n), numerator / GRID, float(self.flood_rate), self.expected_n, delta
+            int(n), numerator / GRID, float(self.flood_rate), self.expected_n, delta, self.flood_shares
         )
 
     def _meets(self, numerator: int) -> bool:
         from deniable.core.amplification._flooded import flooded_delta
 
-        p, rate = numerator / GRID, float(self.flood_rate)
-        return flooded_delta(self.expected_n, self.expected_n, p, rate, self.epsilon0) <= self.delta
+        p, rate, n = numerator / GRID, float(self.flood_rate), self.expected_n
+        return flooded_delta(n, n, p, rate, self.epsilon0, self.flood_shares) <= self.delta
 
     def _smallest_noise(self) -> int:
         """Smallest p = g / 2**52 (to 1/128 relative) whose exact profile meets epsilon0 at expected_n."""
@@ -120,7 +174,7 @@ class FloodedHistogram(PolyaNoise, LocalRandomiser):
         if hi is None:
             raise ValueError(
                 f"no Polya noise reaches epsilon0={self.epsilon0:g} at expected_n={self.expected_n}"
-                f" with flood {float(self.flood_rate) * self.expected_n:g}"
+                f" with flood {self.flood_mean:g}"
             )
         lo = hi // 2
         while lo > 0 and self._meets(lo):
@@ -136,7 +190,8 @@ class FloodedHistogram(PolyaNoise, LocalRandomiser):
 
         if int(n) < 1:
             return 1.0
-        return flooded_delta(int(n), self.expected_n, float(self.noise), float(self.flood_rate), epsilon)
+        rate = float(self.flood_rate)
+        return flooded_delta(int(n), self.expected_n, float(self.noise), rate, epsilon, self.flood_shares)
 
     # ----------------------------------------------------------------------- messages
 
@@ -154,8 +209,8 @@ class FloodedHistogram(PolyaNoise, LocalRandomiser):
 
     @property
     def expected_messages(self) -> float:
-        """2 (own +1, presence) + 2 d (r + P[Polya draw > 0])."""
-        return 2 + 2 * self.domain_size * (float(self.flood_rate) + float(self.noise))
+        """2 (own +1, presence) + 2 d (E[flood pairs] + P[Polya draw > 0])."""
+        return 2 + 2 * self.domain_size * (self.flood_pairs_per_device + float(self.noise))
 
     @property
     def max_messages_per_device(self) -> int | None:
@@ -169,11 +224,17 @@ class FloodedHistogram(PolyaNoise, LocalRandomiser):
         """(devices, 2 d + 1): how many of each message value every device sends."""
         rows, d = values.size, self.domain_size
         noise = rng.polya_many(self.noise, self.expected_n, 2 * rows * d).reshape(rows, 2 * d)
-        draws = rng.uint64_array(rows * d).reshape(rows, d) >> np.uint64(64 - GRID_BITS)
-        flood = (draws < np.uint64(self._flood_threshold)).astype(np.int64)
+        flood = self._flood_counts(rows * d, rng).reshape(rows, d)
         counts = np.concatenate((noise + np.tile(flood, 2), np.ones((rows, 1), dtype=np.int64)), axis=1)
         counts[np.arange(rows), values] += 1
         return counts
+
+    def _flood_counts(self, count: int, rng: Csprng) -> np.ndarray:
+        """``count`` flood draws: NB(1/S, b) Polya draws, or (S = 0) Bernoulli(q) by a 52-bit compare."""
+        if self.flood_shares > 0:
+            return rng.polya_many(self.flood_rate, self.flood_shares, count)
+        draws = rng.uint64_array(count) >> np.uint64(64 - GRID_BITS)
+        return (draws < np.uint64(self._flood_threshold)).astype(np.int64)
 
     def _payloads(self, counts: np.ndarray) -> list[bytes]:
         """Messages in ascending value order (presence last), back to back."""

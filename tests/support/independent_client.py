@@ -327,16 +327,22 @@ def balcer_cheu(
 
 
 def flooded(params: dict[str, float], d: int, value: int, draw: Draw) -> tuple[list[bytes], dict[str, int]]:
-    """wire.md §6.9: +1 at j (v = j), -1 at j (v = d + j), presence 2d; Polya noise and flood pairs."""
+    """wire.md §6.9: +1 at j (v = j), -1 at j (v = d + j), presence 2d; Polya noise, then the flood:
+    NB(1/S, b) Polya draws when S > 0, else one Bernoulli(q) pair per bucket by a 52-bit compare."""
     n = int(params["expected_n"])
     p = grid_fraction(params["noise_probability"])
-    flood = min(1 << GRID_BITS, max(1, math.ceil(params["flood"] / n * (1 << GRID_BITS))))
+    shares = int(params["flood_shares"])
+    q = grid_fraction(params["flood_probability"])
     noise = polya_batch(draw, p, n, 2 * d)
-    pairs = [int((u64le(draw) >> (64 - GRID_BITS)) < flood) for _ in range(d)]
+    if shares > 0:
+        pairs = polya_batch(draw, q, shares, d)
+    else:
+        threshold = q * (1 << GRID_BITS)
+        pairs = [int((u64le(draw) >> (64 - GRID_BITS)) < threshold) for _ in range(d)]
     counts = [int(j == value) + noise[j] + pairs[j] for j in range(d)]
     counts += [noise[d + j] + pairs[j] for j in range(d)] + [1]
     thresholds = {
-        "flood_threshold": flood,
+        "flood_threshold": int(q * (1 << GRID_BITS)),
         "noise_numerator": p.numerator,
         "noise_denominator": p.denominator,
     }
