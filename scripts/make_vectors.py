@@ -230,7 +230,12 @@ SHUFFLE_ONLY: list[tuple[str, float, int, dict[str, float]]] = [
     ("flooded_histogram", 1.0, 4, {"expected_n": 20, "flood": 2.0, "noise_probability": 0.1}),
     ("flooded_histogram", 1.0, 130, {"expected_n": 1000, "flood": 3.0, "noise_probability": 0.002}),
     # the Bernoulli flood of ADR 0035 (flood_shares 0), still a valid campaign
-    ("flooded_histogram", 1.0, 4, {"expected_n": 40, "flood": 2.0, "flood_dispersion": 1.0, "noise_probability": 0.1}),
+    (
+        "flooded_histogram",
+        1.0,
+        4,
+        {"expected_n": 40, "flood": 2.0, "flood_dispersion": 1.0, "noise_probability": 0.1},
+    ),
 ]
 # The sealed multi-message report: flooded_histogram with little noise (a few messages to seal).
 REPORT_PROTOCOL = ("flooded_histogram", 1.0, 4, {"expected_n": 20, "flood": 2.0, "noise_probability": 0.05})
