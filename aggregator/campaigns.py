@@ -93,8 +93,7 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
     # The request's n_min counts devices; the shuffler counts messages (reports). Where every device
     # sends the same number of messages, convert, so a released round holds n_min devices.
     n_min = request.n_min or DEFAULT_N_MIN
-    per_device = messages_per_device(randomiser)
-    target = _batch_target(request.batch_target, n_min, randomiser.max_messages_per_device, per_device)
+    target = _batch_target(request.batch_target, n_min, randomiser)
     return pb.Campaign(
         batch_target=target,
         keep_requests_whole=randomiser.multi_message,
@@ -105,7 +104,7 @@ def validate_campaign_request(request: pb.CreateCampaignRequest) -> pb.Campaign:
         mechanism=mechanism,
         epsilon0=epsilon0,
         delta=delta,
-        n_min=min(n_min * per_device, 2**32 - 1),
+        n_min=min(randomiser.message_threshold(n_min), 2**32 - 1),
         window_start_unix=start,
         window_end_unix=end,
         device_budget_epsilon=budget,
@@ -199,22 +198,14 @@ def _randomiser(
     return randomiser, params
 
 
-def messages_per_device(randomiser: LocalRandomiser) -> int:
-    """Messages the shuffler counts per device of n_min: the fixed number, else the most one device
-    sends (so n_min messages always hold n_min devices), else 1."""
-    return randomiser.messages_per_device or randomiser.max_messages_per_device or 1
-
-
-def _batch_target(devices: int, n_min: int, most_per_device: int | None, per_device: int) -> int:
-    """The batch target in messages: ``devices`` (default n_min devices) times the most messages one
-    device sends, so a batch that reaches it holds at least that many devices."""
+def _batch_target(devices: int, n_min: int, randomiser: LocalRandomiser) -> int:
+    """The batch target in messages: what ``devices`` (default n_min) devices' worth of messages
+    needs (``message_threshold``), so a batch that reaches it holds at least that many devices."""
     if devices and devices < n_min:
         raise InvalidRequest(f"batch_target ({devices}) cannot be below n_min ({n_min})")
     if devices > MAX_BATCH_TARGET:
         raise InvalidRequest(f"batch_target must be at most {MAX_BATCH_TARGET}, got {devices}")
-    if not devices:
-        return n_min * per_device
-    return devices * (most_per_device or 1)
+    return randomiser.message_threshold(devices or n_min)
 
 
 def wants_plan(request: pb.CreateCampaignRequest) -> bool:

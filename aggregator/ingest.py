@@ -16,7 +16,6 @@ from typing import Final
 
 import numpy as np
 
-from deniable.aggregator.campaigns import messages_per_device
 from deniable.aggregator.context import HandlerContext
 from deniable.aggregator.decrypt import OK, Envelope, Opened, open_packed, open_reports, unpack_opened
 from deniable.aggregator.ingest_plan import CountCells, Counting, IngestOutcome, IngestPlan, plan_ingest
@@ -259,7 +258,7 @@ class IngestHandlers:
         """n_min in devices (multi-message campaigns state n_min in messages)."""
         randomiser = randomiser_for(campaign)
         if randomiser.multi_message:
-            return campaign.n_min // messages_per_device(randomiser)
+            return randomiser.devices_within(campaign.n_min)
         return campaign.n_min
 
     def _min_devices(self, campaign: pb.Campaign) -> int:
@@ -296,7 +295,7 @@ class IngestHandlers:
             self._ctx.metrics.batch("incomplete")
             raise FailedPrecondition(f"batch {batch_id[:80]!r} is refused: {problem}")
         devices = randomiser.devices(counts, len(valid))
-        least = campaign.n_min // messages_per_device(randomiser)
+        least = randomiser.devices_within(campaign.n_min)
         if 0 < devices < least and self._ctx.clock() >= campaign.below_n_min_until_unix:
             self._ctx.metrics.batch("below_n_min")
             raise FailedPrecondition(
@@ -306,7 +305,7 @@ class IngestHandlers:
 
     def _release_check(self, campaign: pb.Campaign, randomiser: LocalRandomiser) -> ReleaseCheck:
         """Multi-message: a complete release must be whole devices, at least n_min of them."""
-        least = campaign.n_min // messages_per_device(randomiser)
+        least = randomiser.devices_within(campaign.n_min)
         authorised = self._ctx.clock() < campaign.below_n_min_until_unix
 
         def check(counts: Sequence[int], messages: int) -> str | None:

@@ -77,8 +77,7 @@ def _stated_budget(
 
 def target_devices(campaign: pb.Campaign) -> int:
     """The batch target in devices (``Campaign.batch_target`` counts messages; 0 if unset)."""
-    most = randomiser_for(campaign).max_messages_per_device or 1
-    return int(campaign.batch_target) // most
+    return randomiser_for(campaign).devices_within(int(campaign.batch_target))
 
 
 def _batch_notes(campaign: pb.Campaign, smallest_batch: int, target: int) -> list[str]:

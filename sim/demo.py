@@ -142,25 +142,40 @@ def _plan_for_one_batch(
         request.epsilon0 = 0.0
         request.target_epsilon = target_epsilon
         request.expected_n = devices
-        request.n_min = devices
+        request.n_min = _planned_n_min(request, devices, delta, target_epsilon)
+
+
+def _planned_n_min(request: pb.CreateCampaignRequest, devices: int, delta: float, target: float) -> int:
+    """n_min for a planned campaign: ``devices``, or fewer where the planner's pick (the same plan the
+    aggregator makes) sends a varying number of messages (``_one_batch_n_min``)."""
+    from deniable.core.accounting import planner
+
+    domain = len(request.labels) or 2
+    plan = planner.plan(target, delta, devices, domain, params=dict(request.params) or None)
+    return _one_batch_n_min(plan.mechanism, domain, devices, plan.params)
 
 
 def _one_batch_n_min(mechanism: str, domain: int, devices: int, params: dict[str, float]) -> int:
     """Devices per batch such that all ``devices`` (almost surely) reach the message threshold.
 
-    The aggregator turns n_min devices into n_min x (most messages per device) messages; where the
-    count varies, the demo's devices send fewer on average, so n_min is scaled down to the mean
-    less 8 standard deviations of the total (one device's count has variance at most d / 4).
+    The aggregator turns n_min devices into the messages that many devices' worth needs
+    (``message_threshold``); where the count varies, the demo's devices send their mean on
+    average, so n_min is the most devices whose threshold lies 8 standard deviations below the
+    mean total (one device's count: ``message_count_moments`` where the protocol states it, else
+    variance at most d / 4, Bernoulli noise per bucket).
     """
     from deniable.core import mechanisms
 
     randomiser = mechanisms.create(mechanism, epsilon0=1.0, domain_size=domain, **params)
-    most = randomiser.max_messages_per_device
-    mean = getattr(randomiser, "expected_messages", most)
-    if not most or mean is None or randomiser.messages_per_device is not None:
+    if randomiser.messages_per_device is not None:
         return devices
-    low = devices * float(mean) - 8 * math.sqrt(devices * domain / 4)
-    return max(1, min(devices, math.floor(low / most)))
+    moments = getattr(randomiser, "message_count_moments", None)
+    if moments is not None:
+        mean, variance = moments()
+    else:
+        mean, variance = float(getattr(randomiser, "expected_messages", 1.0)), domain / 4
+    low = devices * mean - 8 * math.sqrt(devices * variance)
+    return max(1, min(devices, randomiser.devices_within(math.floor(low))))
 
 
 def _calibration_params(mechanism: str, devices: int, delta: float) -> dict[str, float]:

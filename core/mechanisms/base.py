@@ -137,6 +137,20 @@ class LocalRandomiser(ABC):
         """Most messages one device can send (None: unbounded): n_min devices are at most this many each."""
         return self.messages_per_device
 
+    def message_threshold(self, devices: int) -> int:
+        """Messages the shuffler waits for so that a release holds ``devices`` devices: ``devices``
+        times the most one device sends (a certainty); protocols whose count is unbounded override it."""
+        return devices * (self.max_messages_per_device or 1)
+
+    def devices_within(self, messages: int) -> int:
+        """The most devices whose ``message_threshold`` is within ``messages`` (a campaign's n_min and
+        batch target are stated in messages; this turns them back into devices)."""
+        low, high = 0, max(1, messages)
+        while low < high:  # the threshold rises with the devices: bisect for the last one within
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if self.message_threshold(middle) <= messages else (low, middle - 1)
+        return low
+
     def devices(self, counts: Sequence[int], messages: int) -> int:
         """How many devices the counted messages came from (one message each, by default)."""
         return messages

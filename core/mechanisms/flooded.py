@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from deniable.core.amplification.grid_search import climb_until_met, smallest_meeting
 from deniable.core.amplification.protocols import (
@@ -73,6 +73,10 @@ def flood_sampler(expected_n: int, flood: float, dispersion: float) -> tuple[int
         return 0, grid_up(flood / expected_n)
     shares = max(1, round(expected_n * (dispersion - 1) / flood))
     return shares, grid_up(-math.expm1(-math.log(dispersion) / shares))
+
+
+MESSAGE_SIGMAS: Final = 8.0
+"""Standard deviations above the mean of devices - 1 devices' messages for ``message_threshold``."""
 
 
 class FloodedHistogram(PolyaNoise, LocalRandomiser):
@@ -216,6 +220,33 @@ class FloodedHistogram(PolyaNoise, LocalRandomiser):
     def max_messages_per_device(self) -> int | None:
         """Unbounded: Polya draws have infinite support."""
         return None
+
+    def message_count_moments(self) -> tuple[float, float]:
+        """(mean, variance) of one device's message count: 2 + sum of 2d noise draws NB(1/N, a) and
+        twice d flood draws (NB(1/S, b), or Bernoulli(q) when S = 0); NB(r, c) has mean r c / (1 - c)
+        and variance r c / (1 - c)^2."""
+        d, n, p = self.domain_size, self.expected_n, float(self.noise)
+        survive = math.exp(n * math.log1p(-p))  # 1 - a = (1 - p)^N
+        noise_mean = (1 - survive) / (n * survive)
+        q, s = float(self.flood_rate), self.flood_shares
+        if s == 0:
+            flood_mean, flood_var = q, q * (1 - q)
+        else:
+            flood_mean = self.flood_pairs_per_device
+            flood_var = flood_mean / math.exp(s * math.log1p(-q))  # / (1 - b), 1 - b = (1 - q)^S
+        mean = 2 + 2 * d * (noise_mean + flood_mean)
+        return mean, 2 * d * noise_mean / survive + 4 * d * flood_var
+
+    def message_threshold(self, devices: int) -> int:
+        """A count that devices - 1 devices reach only ``MESSAGE_SIGMAS`` standard deviations above
+        their mean (normal approximation: a liveness bound, never a privacy one, since the aggregator
+        counts distinct valid devices itself before it counts a release). Waiting for it keeps the
+        shuffler from releasing a batch the aggregator must refuse as below n_min in devices."""
+        if devices <= 1:
+            return 2 * devices
+        mean, variance = self.message_count_moments()
+        fewer = devices - 1
+        return max(2 * devices, math.ceil(fewer * mean + MESSAGE_SIGMAS * math.sqrt(fewer * variance)) + 1)
 
     def devices(self, counts: Sequence[int], messages: int) -> int:
         return int(counts[self.presence])
