@@ -5,7 +5,8 @@
 # (which prints the 20 slowest tests: --durations=20 in pyproject addopts), then the TypeScript SDK's
 # tests (`npm ci && npm test` in client-ts/: golden vectors, distributions, and end-to-end runs that
 # start the Python services from this venv and headless Chromium; needs Node >= 20 and npm).
-# Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs).
+# Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs);
+# pytest runs on DENIABLE_TEST_WORKERS (default 2) pytest-xdist workers, 0 for one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/system-deps.sh
@@ -17,7 +18,7 @@ fi
 python -m pip install -q --disable-pip-version-check -e ".[dev]"
 scripts/deploy-tools.sh  # hadolint, check-jsonschema, kubernetes-validate, checkov (tests/deploy)
 scripts/check.sh
-python -m pytest "$@"
+python -m pytest -n "${DENIABLE_TEST_WORKERS:-2}" "$@"  # 2 workers: the 2 cores CI has
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
   || [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
   echo "scripts/test.sh: the TypeScript SDK's tests (client-ts/) need Node >= 20 and npm on PATH" >&2
