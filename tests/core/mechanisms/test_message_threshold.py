@@ -68,4 +68,5 @@ def test_devices_within_inverts_the_threshold() -> None:
         messages=3,
         noise_probability=0.05,
     )
+    assert multi.max_messages_per_device is not None
     assert multi.message_threshold(10) == 10 * multi.max_messages_per_device
