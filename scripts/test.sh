@@ -5,7 +5,8 @@
 # (which prints the 20 slowest tests: --durations=20 in pyproject addopts), then the TypeScript SDK's
 # tests (`npm ci && npm test` in client-ts/: golden vectors, distributions, and end-to-end runs that
 # start the Python services from this venv and headless Chromium; needs Node >= 20 and npm).
-# Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs).
+# Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs);
+# DENIABLE_SKIP_TS=1 leaves out the TypeScript tests (scripts/test-in-container.sh's short runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/system-deps.sh
@@ -18,6 +19,10 @@ python -m pip install -q --disable-pip-version-check -e ".[dev]"
 scripts/deploy-tools.sh  # hadolint, check-jsonschema, kubernetes-validate, checkov (tests/deploy)
 scripts/check.sh
 python -m pytest "$@"
+if [ "${DENIABLE_SKIP_TS:-0}" = 1 ]; then
+  echo "scripts/test.sh: DENIABLE_SKIP_TS=1: the TypeScript SDK's tests (client-ts/) are skipped" >&2
+  exit 0
+fi
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
   || [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
   echo "scripts/test.sh: the TypeScript SDK's tests (client-ts/) need Node >= 20 and npm on PATH" >&2
