@@ -6,7 +6,8 @@
 # tests (`npm ci && npm test` in client-ts/: golden vectors, distributions, and end-to-end runs that
 # start the Python services from this venv and headless Chromium; needs Node >= 20 and npm).
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m slow` for the long statistical runs);
-# DENIABLE_SKIP_TS=1 leaves out the TypeScript tests (scripts/test-in-container.sh's short runs).
+# DENIABLE_SKIP_TS=1 / DENIABLE_SKIP_CHECKS=1 leave out the TypeScript tests / the static checks
+# (scripts/test-in-container.sh's short runs; the full run keeps both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/system-deps.sh
@@ -17,7 +18,11 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 python -m pip install -q --disable-pip-version-check -e ".[dev]"
 scripts/deploy-tools.sh  # hadolint, check-jsonschema, kubernetes-validate, checkov (tests/deploy)
-scripts/check.sh
+if [ "${DENIABLE_SKIP_CHECKS:-0}" = 1 ]; then
+  echo "scripts/test.sh: DENIABLE_SKIP_CHECKS=1: the static checks (scripts/check.sh) are skipped" >&2
+else
+  scripts/check.sh
+fi
 python -m pytest "$@"
 if [ "${DENIABLE_SKIP_TS:-0}" = 1 ]; then
   echo "scripts/test.sh: DENIABLE_SKIP_TS=1: the TypeScript SDK's tests (client-ts/) are skipped" >&2
