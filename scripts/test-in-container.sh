@@ -50,7 +50,7 @@ fi
 inner='set -euo pipefail
 [ -e /usr/local/lib/node_modules/npm ] && ln -s ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm
 dir=$(mktemp -d) && chmod 0700 "$dir" && stat -c "checkout under %n: mode %a, owner %U" "$dir"
-git clone -q /in/head.bundle "$dir/deniable" && cd "$dir/deniable"
+git -c advice.detachedHead=false clone -q /in/head.bundle "$dir/deniable" && cd "$dir/deniable"
 echo "HEAD $(git rev-parse --short HEAD); Python $(python3 -V 2>&1 | cut -d" " -f2); node $(node -v 2>/dev/null || echo none)"
 exec scripts/test.sh "$@"'
 started=$(date +%s)
