@@ -30,6 +30,7 @@ from deniable.core.amplification._binomial import (
     FloatArray,
     IntArray,
     chernoff_window,
+    half_upper_tails,
     log_pmf,
     pmf,
     pmf_run,
@@ -166,8 +167,8 @@ BLOCKS = 16  # u values the blocked evaluation visits (the window of U is cut in
 def _conditional_divergences(epsilon: float, keep: float, other: float, k: int, us: IntArray) -> FloatArray:
     """Upper bounds on D_u = D_{e^eps}(P_x0(. | u) || P_x1(. | u)) for each u in ``us`` (u >= 1).
 
-    The Bin(t, 1/2) tails come from the regularised incomplete beta (``scipy.special.bdtrc``,
-    ~1e-13 relative) and a recurrence along t, so one u costs O(width of Bin(u, 2/k)), not its square.
+    The Bin(t, 1/2) tails come from our own series (``_binomial.half_upper_tails``, with a proven
+    error bound) and a recurrence along t, so one u costs O(width of Bin(u, 2/k)), not its square.
     """
     e = math.exp(epsilon)
     a = keep / other - 1
@@ -198,33 +199,46 @@ _SEGMENT = 256  # t values between exact tails in the recurrence
 _TAIL_ERROR = 1e-10  # relative; measured worst ~4e-11 (tests/core/accounting/test_grr_blanket.py)
 
 
+def _tails(x: IntArray, ts: IntArray) -> tuple[FloatArray, FloatArray]:
+    """P[Bin(t, 1/2) >= x]: scipy's ``betainc`` where scipy is installed (fast; agrees with our series
+    to ~1e-15, unlike ``bdtrc``), else our own ``half_upper_tails`` (correct, but a Python loop per
+    element: O(sqrt t) terms near t/2, too slow for the planner at small eps0 and large n, ADR 0036)."""
+    try:
+        from scipy.special import betainc
+    except ImportError:
+        return half_upper_tails(x, ts)
+    inside = (x >= 1) & (x <= ts)
+    xi = np.where(inside, x, 1)
+    values = np.where(x <= 0, 1.0, np.where(inside, betainc(xi, np.where(inside, ts - xi + 1, 1), 0.5), 0.0))
+    return np.asarray(values, dtype=np.float64), np.zeros(values.shape)
+
+
 def _upper_tails(x: IntArray, ts: IntArray) -> tuple[FloatArray, FloatArray]:
     """P[Bin(t, 1/2) >= x] along consecutive t, and an absolute error bound for each.
 
-    Where x rises by 0 or 1 per t inside 1..t: the exact tail (``scipy.special.bdtrc``) every
-    ``_SEGMENT`` t and between them S(t + 1, x) = S(t, x) + pmf(t, x - 1) / 2, S(t, x + 1) =
-    S(t, x) - pmf(t, x) summed; the bound is ``_TAIL_ERROR`` of the anchor plus the summed
-    magnitudes (measured against exact rationals: bdtrc ~1e-11 relative, the sums ~4e-11).
-    Elsewhere bdtrc at every t.
+    Where x rises by 0 or 1 per t inside 1..t: the tail (``half_upper_tails``, our own, as scipy's
+    ``bdtrc`` was: ADR 0036) every ``_SEGMENT`` t and between them S(t + 1, x) = S(t, x) +
+    pmf(t, x - 1) / 2, S(t, x + 1) = S(t, x) - pmf(t, x) summed; the bound is ``_TAIL_ERROR`` of
+    the anchor (or the anchor's proven bound where larger) plus the summed magnitudes (measured
+    against exact rationals: the sums ~4e-11). Elsewhere ``half_upper_tails`` at every t.
     """
-    from scipy.special import bdtrc
-
     steps = np.diff(x)
     if ts.size < 2 or x.min() < 1 or bool(np.any(x > ts)) or bool(np.any((steps != 0) & (steps != 1))):
-        direct = np.where(x <= 0, 1.0, np.where(x > ts, 0.0, bdtrc(np.maximum(x - 1, 0), ts, 0.5)))
-        return np.asarray(direct, dtype=np.float64), _TAIL_ERROR * direct
+        direct, direct_error = _tails(x, ts)
+        return direct, np.maximum(direct_error, _TAIL_ERROR * direct)
     rows = -(-ts.size // _SEGMENT)
     inc = np.zeros(rows * _SEGMENT)
     below = np.exp(log_pmf(x[:-1] - 1, ts[:-1], 0.5))  # P[Bin(t) = x - 1]; P[Bin(t + 1) = x] is
     inc[: ts.size - 1] = below * (0.5 - (steps == 1) * (ts[:-1] + 1) / (2.0 * x[:-1]))  # it (t+1)/(2x)
     firsts = np.arange(rows) * _SEGMENT
-    anchors = bdtrc(x[firsts] - 1, ts[firsts], 0.5)
+    anchors, anchor_errors = _tails(x[firsts], ts[firsts])
     grid = inc.reshape(rows, _SEGMENT)
     zero = np.zeros((rows, 1))
     partial = np.concatenate((zero, np.cumsum(grid, axis=1)[:, :-1]), axis=1)
     spread = np.concatenate((zero, np.cumsum(np.abs(grid), axis=1)[:, :-1]), axis=1)
     tails = (anchors[:, None] + partial).ravel()[: ts.size]
-    errors = (_TAIL_ERROR * (anchors[:, None] + spread)).ravel()[: ts.size]
+    anchor_bound = np.maximum(anchor_errors, _TAIL_ERROR * anchors)
+    errors = (anchor_bound[:, None] + _TAIL_ERROR * spread).ravel()[: ts.size]
     return np.clip(tails, 0.0, 1.0), errors
 
 
