@@ -370,6 +370,7 @@ def sample_threshold_guarantee(rate: float, threshold: int, delta: float) -> Amp
 
 # =========================================================================== multi-message sum
 
+
 @functools.lru_cache(maxsize=64)
 def binomial_difference(n: int, p: float) -> tuple[int, np.ndarray, float]:
     """(offset, pmf, neglected): P[W = offset + i] for W = Bin(n, p) - Bin(n, p), windowed."""
@@ -379,13 +380,17 @@ def binomial_difference(n: int, p: float) -> tuple[int, np.ndarray, float]:
     return lo - hi, pmf, min(1.0, 2 * neglected)
 
 
-def polya_difference(n: int, shares: int, nonzero: float) -> tuple[int, np.ndarray, float]:
-    """(offset, pmf, neglected) of the noise for the privacy profile: polya_law at min(n, shares).
+POLYA_EXACT_RATIO: Final = 8  # the noise law is taken at the real n up to 8 x the planned devices
 
-    Beyond n = shares, NB(s) = NB(1) + NB(s - 1) independent: more devices only add noise, so
-    the profile at shares stays valid (and the support stays small).
+
+def polya_difference(n: int, shares: int, nonzero: float) -> tuple[int, np.ndarray, float]:
+    """(offset, pmf, neglected) of the noise for the privacy profile: polya_law at the real n, up
+    to POLYA_EXACT_RATIO x shares devices.
+
+    Beyond that, NB(s) = NB(r) + NB(s - r) independent: the extra devices only add noise
+    (post-processing), so the profile at r = 8 x shares devices stays valid (and the support small).
     """
-    return polya_law(min(n, shares), shares, nonzero)
+    return polya_law(min(n, POLYA_EXACT_RATIO * shares), shares, nonzero)
 
 
 @functools.lru_cache(maxsize=64)
