@@ -25,7 +25,7 @@ def test_plan_reports_sample_and_threshold_when_asked(capsys: pytest.CaptureFixt
     assert main(["privacy", "plan", *TARGET]) == 0
     table = capsys.readouterr().out
     line = next(row for row in table.splitlines() if row.startswith("sample_and_threshold"))
-    assert "sample-and-threshold: exact profile" in line
+    assert "sample-and-threshold: the two changed buckets composed jointly" in line
     assert f"threshold={pair['threshold']:g}" in table
 
 

@@ -370,8 +370,6 @@ def sample_threshold_guarantee(rate: float, threshold: int, delta: float) -> Amp
 
 # =========================================================================== multi-message sum
 
-SHARE_BOUND_MAX_N: Final = 3000
-
 
 @functools.lru_cache(maxsize=64)
 def binomial_difference(n: int, p: float) -> tuple[int, np.ndarray, float]:
@@ -382,13 +380,17 @@ def binomial_difference(n: int, p: float) -> tuple[int, np.ndarray, float]:
     return lo - hi, pmf, min(1.0, 2 * neglected)
 
 
-def polya_difference(n: int, shares: int, nonzero: float) -> tuple[int, np.ndarray, float]:
-    """(offset, pmf, neglected) of the noise for the privacy profile: polya_law at min(n, shares).
+POLYA_EXACT_RATIO: Final = 8  # the noise law is taken at the real n up to 8 x the planned devices
 
-    Beyond n = shares, NB(s) = NB(1) + NB(s - 1) independent: more devices only add noise, so
-    the profile at shares stays valid (and the support stays small).
+
+def polya_difference(n: int, shares: int, nonzero: float) -> tuple[int, np.ndarray, float]:
+    """(offset, pmf, neglected) of the noise for the privacy profile: polya_law at the real n, up
+    to POLYA_EXACT_RATIO x shares devices.
+
+    Beyond that, NB(s) = NB(r) + NB(s - r) independent: the extra devices only add noise
+    (post-processing), so the profile at r = 8 x shares devices stays valid (and the support small).
     """
-    return polya_law(min(n, shares), shares, nonzero)
+    return polya_law(min(n, POLYA_EXACT_RATIO * shares), shares, nonzero)
 
 
 @functools.lru_cache(maxsize=64)
@@ -421,37 +423,13 @@ def noise_delta(n: int, p: float, epsilon: float, polya_shares: int = 0) -> floa
     return min(1.0, hockey * _SAFETY + neglected + 1e-300)
 
 
-@functools.lru_cache(maxsize=256)
 def share_hiding_distance(n: int, m: int, q: int) -> float:
-    """Bound on sup_v TV(shuffled shares of v, uniform shares with the same sum), at min(n, 3000).
+    """Bound on sup_v TV(shuffled shares of v, uniform shares with the same sum) that holds for
+    every batch of n or more devices (``_share_hiding``; derivation in
+    docs/mechanisms/multi_message_sum_binomial.md). No monotonicity in n is assumed."""
+    from deniable.core.amplification._share_hiding import share_distance
 
-    Derivation in docs/mechanisms/multi_message_sum.md; the distance cannot grow with n.
-    """
-    # TV <= sqrt(chi^2) / 2, chi^2 <= E[q^(C - 1)] - 1 (C: components of two random partitions
-    # of the n m messages into n blocks of m) <= Phi(n) - 1, Phi(1) = 1,
-    # Phi(j) = 1 + (q - 1) sum_k w(j, k) Phi(j - k), w(j, k) = C(j-1, k) C(j, k) / C(jm, km).
-    n = min(n, SHARE_BOUND_MAX_N)
-    if n < 2:
-        return 1.0
-    if m < 2:
-        return 1.0
-    total = n * m
-    log_fact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, total + 1, dtype=np.float64)))))
-
-    def log_choose(a: np.ndarray | int, b: np.ndarray) -> np.ndarray:
-        return np.asarray(log_fact[a] - log_fact[b] - log_fact[np.asarray(a) - b], dtype=np.float64)
-
-    log_q1 = math.log(q - 1)
-    log_phi = np.zeros(n + 1)
-    log_excess = -math.inf
-    for j in range(2, n + 1):
-        k = np.arange(1, j)
-        terms = log_choose(j - 1, k) + log_choose(j, k) - log_choose(j * m, k * m) + log_phi[j - k]
-        top = float(terms.max())
-        log_excess = log_q1 + top + math.log(float(np.exp(terms - top).sum()))
-        log_phi[j] = float(np.logaddexp(0.0, log_excess))
-    chi2 = math.exp(min(log_excess, 0.0)) * _SAFETY
-    return min(1.0, 0.5 * math.sqrt(chi2))
+    return share_distance(n, m, q)
 
 
 def multi_sum_delta(n: int, p: float, m: int, q: int, epsilon: float, polya_shares: int = 0) -> float:

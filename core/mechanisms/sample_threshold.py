@@ -19,9 +19,9 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Final
 
 from deniable.core.amplification._binomial import log_pmf
+from deniable.core.amplification._sample_threshold import joint_guarantee, joint_profile
 from deniable.core.amplification.protocols import (
     sample_threshold_add_delta,
-    sample_threshold_delta,
     sample_threshold_guarantee,
 )
 from deniable.core.amplification.shuffle import AmplificationBound
@@ -304,12 +304,14 @@ class SampleAndThreshold(LocalRandomiser):
         return [{"sample_rate": rate, "threshold": float(tau)} for rate, tau in pairs]
 
     def central_guarantee(self, n: int, delta: float) -> AmplificationBound:
-        """The released histogram's (eps, delta); the same for every n (worst case over the others)."""
-        return sample_threshold_guarantee(self.sample_rate, self.threshold, delta)
+        """The released histogram's (eps, delta), the two changed buckets composed jointly; the same
+        for every n (worst case over the others). Parameters are still chosen (``refusal``, the
+        planner) with the separate composition, which is larger: planning stays conservative."""
+        return joint_guarantee(self.sample_rate, self.threshold, delta)
 
     def privacy_profile(self, n: int, epsilon: float) -> float:
-        """delta(eps) of the released histogram; the same for every n (worst case over the others)."""
-        return sample_threshold_delta(self.sample_rate, self.threshold, epsilon)
+        """delta(eps) of the released histogram (joint composition); the same for every n."""
+        return joint_profile(self.sample_rate, self.threshold, epsilon)
 
     @property
     def null(self) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import ClassVar
 
+from deniable.core.amplification._share_hiding import EXACT_MAX_N
 from deniable.core.amplification.protocols import GRID, share_hiding_distance
 from deniable.core.amplification.shuffle import AmplificationBound
 from deniable.core.mechanisms.base import LocalRandomiser
@@ -120,9 +121,14 @@ class SplitAndMix(LocalRandomiser):
         """Refuse noise the protocol's law cannot use (the default accepts any p in (0, 1/2])."""
 
     def _fewest_messages(self) -> int:
+        """Fewest m whose share terms fit SHARE_BUDGET of delta for every batch of at least
+        min(expected_n, EXACT_MAX_N) devices: the bound at that smaller n is larger, so m is
+        planned with room for batches below the plan (and stays what it was before the bound was
+        evaluated at the real n; the statement itself always uses the real n)."""
         budget = SHARE_BUDGET * self.delta / (self.share_terms * (1 + math.exp(self.epsilon0)))
+        planned = min(self.expected_n, EXACT_MAX_N)
         for m in range(2, MAX_MESSAGES + 1):
-            if share_hiding_distance(self.expected_n, m, self.modulus) <= budget:
+            if share_hiding_distance(planned, m, self.modulus) <= budget:
                 return m
         raise ValueError(f"no m <= {MAX_MESSAGES} hides the shares well enough for delta={self.delta:g}")
 
