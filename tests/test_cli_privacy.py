@@ -171,12 +171,12 @@ def test_planned_campaign_and_post_processed_query(aggregator: str) -> None:
     assert created.returncode == 0, created.stderr
     campaign = json.loads(created.stdout)
     assert campaign["target_epsilon"] == 1.0 and campaign["expected_n"] == 3000
-    # n_min counts messages: 3000 devices times the most one device sends (issue 15: the planner now
-    # picks the multi-message histogram here, d m + 1 messages per device)
+    # n_min counts messages: what 3000 devices' worth needs (the most one device sends, or for a
+    # varying count like flooded_histogram's a count fewer devices do not reach: ADR 0045)
     chosen = mechanisms.create(
         campaign["mechanism"], epsilon0=campaign["epsilon0"], domain_size=3, **campaign["params"]
     )
-    assert campaign["n_min"] == 3000 * (chosen.max_messages_per_device or 1) and campaign["epsilon0"] >= 1.0
+    assert campaign["n_min"] == chosen.message_threshold(3000) and campaign["epsilon0"] >= 1.0
     assert campaign["local_guarantee"] == chosen.local_privacy
     shown = _cli("campaign", "show", "lang", "--aggregator", aggregator, "--json")
     assert shown.returncode == 0, shown.stderr

@@ -259,9 +259,9 @@ async def test_campaign_planned_from_a_central_target(handlers: AggregatorHandle
     campaign = await handlers.create_campaign(request)
     assert campaign.target_epsilon == 1.0 and campaign.expected_n == 5000
     randomiser = randomiser_for(campaign)
-    # n_min counts messages: since issue 15 the planner may pick a multi-message histogram here
-    per_device = randomiser.max_messages_per_device or 1
-    assert campaign.n_min == 5000 * per_device, "the guarantee needs shuffles of expected_n"
+    # n_min counts messages: what expected_n devices' worth needs (ADR 0045: flooded's count varies)
+    assert campaign.n_min == randomiser.message_threshold(5000), "the guarantee needs shuffles of expected_n"
+    assert randomiser.devices_within(campaign.n_min) == 5000
     assert campaign.device_budget_epsilon == campaign.epsilon0
     assert randomiser.central_guarantee(5000, campaign.delta).epsilon <= 1.0
     if randomiser.local_privacy:
