@@ -17,6 +17,9 @@ command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 # chromium: the TypeScript SDK's browser tests (client-ts/test/browser.test.mjs) drive Debian's
 # /usr/bin/chromium headless with playwright-core, which never downloads a browser.
 [ -x /usr/bin/chromium ] || need+=(chromium)
+# libatomic1: the Python playwright package's bundled node driver links it (a minbase Debian, as
+# scripts/test-in-container.sh's fresh machine, lacks it: the console's browser test then fails).
+compgen -G "/usr/lib/*/libatomic.so.1" >/dev/null || need+=(libatomic1)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "installing Debian packages: ${need[*]}" >&2
 sudo=()
