@@ -174,18 +174,23 @@ def envelope_vectors() -> dict[str, Any]:
     }
 
 
-def report_vector() -> dict[str, Any]:
-    """One whole report: the campaign description a device receives, its answer, every byte after."""
-    key_pair = KeyPair(key_id=3, private_raw=fixed_key("aggregator x25519"))
-    randomiser = mechanisms.create("grr", epsilon0=1.0, domain_size=4)
+def vector_campaign(
+    campaign_id: str,
+    randomiser: mechanisms.LocalRandomiser,
+    key_pair: KeyPair,
+    epsilon0: float,
+    incarnation: bytes,
+) -> pb.Campaign:
+    """The campaign description a vector's device receives: a categorical question over a..d (cut to
+    the domain), sealed to ``key_pair`` with the randomiser's size class."""
     layout = layout_for(randomiser)
-    campaign = pb.Campaign(
-        id="vector-grr",
+    return pb.Campaign(
+        id=campaign_id,
         question="Which one?",
         kind=pb.CATEGORICAL,
-        labels=["a", "b", "c", "d"],
-        mechanism=pb.GRR,
-        epsilon0=1.0,
+        labels=["a", "b", "c", "d"][: randomiser.domain_size],
+        mechanism=randomiser.proto,  # type: ignore[arg-type]
+        epsilon0=epsilon0,
         delta=1e-6,
         n_min=1,
         key_id=key_pair.key_id,
@@ -194,9 +199,16 @@ def report_vector() -> dict[str, Any]:
         payload_length=layout.payload_length,
         plaintext_length=layout.plaintext_length,
         ciphertext_length=layout.ciphertext_length,
-        device_budget_epsilon=1.0,
-        incarnation=fixed_key("report/incarnation")[:16],
+        device_budget_epsilon=epsilon0,
+        incarnation=incarnation,
     )
+
+
+def report_vector() -> dict[str, Any]:
+    """One whole report: the campaign description a device receives, its answer, every byte after."""
+    key_pair = KeyPair(key_id=3, private_raw=fixed_key("aggregator x25519"))
+    randomiser = mechanisms.create("grr", epsilon0=1.0, domain_size=4)
+    campaign = vector_campaign("vector-grr", randomiser, key_pair, 1.0, fixed_key("report/incarnation")[:16])
     rng = RecordingRng(fixed_key("report/randomness"))
     payload = randomiser.randomise(2, rng)
     report_id = RecordingRng(fixed_key("report/id")).bytes(16)
@@ -330,25 +342,10 @@ def multi_message_report(previous: dict[str, Any] | None) -> dict[str, Any]:
     randomiser = mechanisms.create(name, epsilon0=epsilon0, domain_size=d, **given)
     randomiser = mechanisms.create(name, epsilon0=epsilon0, domain_size=d, **randomiser.parameters())
     layout = layout_for(randomiser)
-    campaign = pb.Campaign(
-        id="vector-flooded",
-        question="Which one?",
-        kind=pb.CATEGORICAL,
-        labels=["a", "b", "c", "d"][:d],
-        mechanism=randomiser.proto,  # type: ignore[arg-type]
-        epsilon0=epsilon0,
-        delta=1e-6,
-        n_min=1,
-        key_id=key_pair.key_id,
-        public_key=key_pair.public.raw,
-        hpke_suite=SUITE_NAME,
-        payload_length=layout.payload_length,
-        plaintext_length=layout.plaintext_length,
-        ciphertext_length=layout.ciphertext_length,
-        device_budget_epsilon=epsilon0,
-        params=randomiser.parameters(),
-        incarnation=fixed_key("multi/incarnation")[:16],
+    campaign = vector_campaign(
+        "vector-flooded", randomiser, key_pair, epsilon0, fixed_key("multi/incarnation")[:16]
     )
+    campaign.params.update(randomiser.parameters())
     rng = RecordingRng(fixed_key("multi/randomness"))
     messages = randomiser.split_messages(randomiser.randomise(1, rng))
     ids = RecordingRng(fixed_key("multi/ids"))
