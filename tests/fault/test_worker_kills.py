@@ -48,27 +48,22 @@ class Harness:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        """The aggregators' stderr, appended to a file: a pipe nobody reads fills at 64 KiB and then
+        blocks the service's next log line (it once stalled the aggregator's stop)."""
+        return self.data_dir.parent / "aggregator.log"
+
     async def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                *CLI,
-                "aggregator",
-                "serve",
-                "--insecure",
-                "--data-dir",
-                str(self.data_dir),
-                "--listen",
-                self.address,
-                "--decrypt-workers",
-                "2",
-            ],
-            stderr=subprocess.PIPE,
-        )
+        command = [*CLI, "aggregator", "serve", "--insecure", "--data-dir", str(self.data_dir)]
+        command += ["--listen", self.address, "--decrypt-workers", "2"]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, stderr=log)
         deadline = time.monotonic() + 60
         async with insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
-                assert self.process.poll() is None, self.process.stderr.read() if self.process.stderr else ""
+                assert self.process.poll() is None, self.log_path.read_text(errors="replace")[-4000:]
                 try:
                     reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -97,7 +92,11 @@ class Harness:
             self.process.send_signal(signal.SIGTERM)
             # Exits, however loaded the machine (tests/e2e/test_sigterm_drain.py holds the 10 s
             # drain on its own; here two test workers and a busy CI share 2 cores: 20 s once ran out).
-            self.process.wait(timeout=60)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                tail = self.log_path.read_text(errors="replace")[-4000:]
+                raise AssertionError(f"the aggregator did not stop in 60 s; its log ends:\n{tail}") from None
 
 
 def _batches(campaign: pb.Campaign, count: int, size: int) -> list[pb.ShuffledBatch]:
@@ -176,7 +175,7 @@ async def _run(tmp_path: Path, kills: int, batches: int, size: int) -> None:
         print(
             f"kills={worker_kills + service_kills} (workers {worker_kills}, aggregator {service_kills})"
             f" acknowledged={acknowledged} counted={answer.n} duplicates={answer.rejected}"
-            f" lost={sent - answer.n}"
+            f" lost={sent - answer.n} log={harness.log_path.stat().st_size} B"
         )
         assert acknowledged == sent == answer.n and answer.rejected == 0
         assert worker_kills + service_kills >= min(kills, 3)
