@@ -58,7 +58,10 @@ class Harness:
         command = [*CLI, "aggregator", "serve", "--insecure", "--data-dir", str(self.data_dir)]
         command += ["--listen", self.address, "--decrypt-workers", "2"]
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(command, stderr=log)
+            # faulthandler: a hung process dumps every thread's stack on SIGABRT (see stop)
+            self.process = subprocess.Popen(
+                command, stderr=log, env={**os.environ, "PYTHONFAULTHANDLER": "1"}
+            )
         deadline = time.monotonic() + 60
         async with insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -95,7 +98,9 @@ class Harness:
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                tail = self.log_path.read_text(errors="replace")[-4000:]
+                self.process.send_signal(signal.SIGABRT)  # its stacks to the log
+                self.process.wait(timeout=10)
+                tail = self.log_path.read_text(errors="replace")[-12000:]
                 raise AssertionError(f"the aggregator did not stop in 60 s; its log ends:\n{tail}") from None
 
 
