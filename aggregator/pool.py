@@ -4,6 +4,10 @@ A worker killed mid-batch (the OOM killer, an operator) breaks a ``ProcessPoolEx
 ``DecryptPool.heal`` replaces it and the handler retries the batch, which was never acknowledged
 (batches are idempotent). While a rebuild keeps failing, ``check`` reports why (health NOT_SERVING)
 and tries again, so the service recovers by itself.
+
+On Python before 3.11.5 (Debian 12's is 3.11.2) a worker killed while the pool's feeder thread is
+writing a large batch into the call pipe leaves that thread blocked for ever, and with it the
+interpreter's exit: ``PipeSafeProcessPool`` carries CPython's own fix (gh-94777, ADR 0046).
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import Counter
 
@@ -29,9 +34,44 @@ class PoolUnavailable(Exception):
     """The decrypt workers cannot be (re)started now; the batch is not counted and will be resent."""
 
 
+FEEDER_FIX_NEEDED: Final = sys.version_info < (3, 11, 5)
+"""CPython gh-94777 (a broken pool's exit blocks on its call-queue feeder) is fixed from 3.11.5."""
+
+
+class PipeSafeProcessPool(ProcessPoolExecutor):
+    """A ``ProcessPoolExecutor`` whose breakdown cannot block its feeder thread (so exit) for ever.
+
+    When a worker dies, the pool's manager thread terminates the others and joins the call queue's
+    feeder thread. If that thread is blocked writing a work item into the pipe nobody reads any
+    more, the join never returns, and neither does the interpreter's exit, which joins the manager.
+    CPython 3.11.5 closes the parent's read end of that pipe first (gh-94777): the blocked write
+    then fails with EPIPE and the feeder ends. This does the same on older Pythons.
+    """
+
+    def _start_executor_manager_thread(self) -> None:
+        super()._start_executor_manager_thread()
+        # Set on the running thread: only a worker dying in the microseconds before this line,
+        # while it still boots, would meet the unpatched method.
+        manager: Any = self._executor_manager_thread
+        if FEEDER_FIX_NEEDED and "terminate_broken" not in vars(manager):
+            manager.terminate_broken = _closing_call_pipe_first(manager)
+
+
+def _closing_call_pipe_first(manager: Any) -> Callable[[Any], None]:
+    """The manager's ``terminate_broken`` preceded by closing our end of the call pipe (gh-94777):
+    run in the manager thread, as upstream's fix is; the read end is ours only, never a worker's."""
+    original = manager.terminate_broken
+
+    def terminate_broken(cause: Any) -> None:
+        manager.call_queue._reader.close()
+        original(cause)
+
+    return terminate_broken
+
+
 def spawn_pool(workers: int) -> ProcessPoolExecutor:
     """``workers`` spawned processes (never forked from a process running gRPC) that die with us."""
-    return ProcessPoolExecutor(
+    return PipeSafeProcessPool(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=die_with_parent,
