@@ -14,7 +14,8 @@
 # (DENIABLE_TS=0 skips the TypeScript tests instead). Docker-in-docker is not needed: the
 # `containers` marker is outside the default run. Needs root and a running dockerd.
 #   DENIABLE_TEST_IMAGE (deniable-test:local), DENIABLE_BASE (deniable-base:bookworm, built if
-#   missing), DENIABLE_TEST_REBUILD=1 rebuilds the test image.
+#   missing), DENIABLE_TEST_REBUILD=1 rebuilds the test image (it is rebuilt anyway when its Dockerfile,
+#   scripts/system-deps.sh or the base changed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "test-in-container.sh: run as root" >&2; exit 1; }
@@ -22,10 +23,14 @@ docker info >/dev/null 2>&1 || { echo "test-in-container.sh: no dockerd answers 
 image=${DENIABLE_TEST_IMAGE:-deniable-test:local}
 if [ -z "${DENIABLE_BASE:-}" ]; then deploy/local-base.sh; DENIABLE_BASE=deniable-base:bookworm; fi
 tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
-if [ "${DENIABLE_TEST_REBUILD:-0}" = 1 ] || ! docker image inspect "$image" >/dev/null 2>&1; then
+# The kept test image is rebuilt when its recipe (Dockerfile, system-deps.sh, the base's id) changed.
+recipe=$(cat deploy/test-image/Dockerfile scripts/system-deps.sh <(docker image inspect -f '{{.Id}}' "$DENIABLE_BASE") | sha256sum | cut -c1-16)
+kept=$(docker image inspect -f '{{index .Config.Labels "dev.deniable.test.recipe"}}' "$image" 2>/dev/null || true)
+if [ "${DENIABLE_TEST_REBUILD:-0}" = 1 ] || [ "$kept" != "$recipe" ]; then
   cp deploy/test-image/Dockerfile scripts/system-deps.sh "$tmp/"
   t0=$(date +%s)
-  DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE=$DENIABLE_BASE" -t "$image" "$tmp" >/dev/null
+  DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE=$DENIABLE_BASE" --label "dev.deniable.test.recipe=$recipe" \
+    -t "$image" "$tmp" >/dev/null
   echo "test-in-container.sh: built $image on $DENIABLE_BASE in $(( $(date +%s) - t0 )) s"
 fi
 git bundle create -q "$tmp/head.bundle" HEAD

@@ -73,7 +73,7 @@ def test_the_fix_is_applied_only_where_needed() -> None:
     pool = spawn_pool(1)
     try:
         pool.submit(int).result(timeout=60)
-        manager = pool._executor_manager_thread  # type: ignore[attr-defined]
+        manager = pool._executor_manager_thread
         assert ("terminate_broken" in vars(manager)) is FEEDER_FIX_NEEDED
     finally:
         pool.shutdown()

@@ -54,6 +54,18 @@ def test_each_image_names_the_base_it_was_built_on(name: str) -> None:
         assert size < 250e6, f"{image(name)}: {size / 1e6:.0f} MB"
 
 
+def test_the_local_base_takes_security_updates() -> None:
+    """Its apt sources are three well-formed lines: main, -security and -updates. (local-base.sh once
+    wrote `... bookworm-security main bookworm main`, which apt skipped: no security updates.)"""
+    base = os.environ.get("DENIABLE_BASE", "")
+    if not base.startswith("deniable-base:"):
+        pytest.skip(f"the base is {base or 'the official image'}, not deploy/local-base.sh's")
+    listed = docker("run", "--rm", "--entrypoint", "cat", base, "/etc/apt/sources.list").stdout
+    entries = [line.split() for line in listed.splitlines() if line.strip()]
+    assert all(len(fields) == 4 and fields[0] == "deb" and fields[3] == "main" for fields in entries), listed
+    assert sorted(fields[2] for fields in entries) == ["bookworm", "bookworm-security", "bookworm-updates"]
+
+
 def _build_only(name: str) -> str:
     """What in ``name`` should only ever be in the build stage (empty: nothing)."""
     digest = hashlib.sha256(BUILD_CA.read_bytes()).hexdigest() if BUILD_CA.exists() else "none"
