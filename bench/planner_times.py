@@ -61,8 +61,9 @@ def run_case(case: tuple[float, float, int, int], block_scipy: bool) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     """Parse options, time each case, print a line per case, optionally write JSON."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--no-scipy", action="store_true", help="scipy unimportable, as on a [server] install")
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--no-scipy", action="store_true", help="scipy unimportable (a [server] install)")
     parser.add_argument("--only", type=int, help="the first N cases only")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)

@@ -176,7 +176,7 @@ def test_planning_takes_few_evaluations_and_repeats_from_the_cache(monkeypatch: 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a cached plan computed a guarantee")
 
-    monkeypatch.setattr(planner.registry, "create", refuse)
+    monkeypatch.setattr(mechanisms, "create", refuse)  # the registry the planner searches with
     again = plan(1.0, 1e-6, 20_000, 8)
     assert again.to_dict() == first.to_dict()
 
