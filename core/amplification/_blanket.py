@@ -208,8 +208,8 @@ def _tails(x: IntArray, ts: IntArray) -> tuple[FloatArray, FloatArray]:
 def _upper_tails(x: IntArray, ts: IntArray) -> tuple[FloatArray, FloatArray]:
     """P[Bin(t, 1/2) >= x] along consecutive t, and an absolute error bound for each.
 
-    Where x rises by 0 or 1 per t inside 1..t: the tail (``half_upper_tails``, our own, as scipy's
-    ``bdtrc`` was: ADR 0036) every ``_SEGMENT`` t and between them S(t + 1, x) = S(t, x) +
+    Where x rises by 0 or 1 per t inside 1..t: the tail (``half_upper_tails``, our own: ADR 0036)
+    every ``_SEGMENT`` t and between them S(t + 1, x) = S(t, x) +
     pmf(t, x - 1) / 2, S(t, x + 1) = S(t, x) - pmf(t, x) summed; the bound is ``_TAIL_ERROR`` of
     the anchor (or the anchor's proven bound where larger) plus the summed magnitudes (measured
     against exact rationals: the sums ~4e-11). Elsewhere ``half_upper_tails`` at every t.
