@@ -84,3 +84,18 @@ def test_values_do_not_depend_on_the_batch_or_the_block_size(monkeypatch: pytest
     grid, grid_errors = half_upper_tails(np.array([[1], [2], [3]]), np.array([2, 4]))
     assert grid.shape == grid_errors.shape == (3, 2)
     assert grid[2, 0] == 0.0 and abs(grid[2, 1] - 5 / 16) <= grid_errors[2, 1]
+
+
+def test_a_series_cut_early_is_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopping at a rest of 2^-20 of the sum (not 2^-60) with passes of 1, 2, 4, ... terms: the
+    bound must then carry the neglected rest (far above rounding) and still hold exactly."""
+    monkeypatch.setattr(_binomial, "_REST", 2.0**-20)
+    monkeypatch.setattr(_binomial, "_LOG_REACH", 1.0)
+    monkeypatch.setattr(_binomial, "_CHUNK", 1)
+    for t in (100, 1001, 4000):
+        xs = [t // 2 + 1, t // 2 + 3, t // 2 + 20, t // 3]
+        values, errors = half_upper_tails(xs, [t] * len(xs))
+        assert max((errors / values).tolist()) > 2.0**-40  # the rest dominates the bound here
+        for x, value, error in zip(xs, values.tolist(), errors.tolist(), strict=True):
+            exact = _exact_tail(t, x)
+            assert abs(Fraction(value) - exact) <= Fraction(error) + UNDERFLOW, (t, x, value, float(exact))
