@@ -13,13 +13,15 @@ python3 -m venv "$venv"
 "$venv/bin/python" - > "$venv/constraints.txt" <<'PY'
 import re, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for requirement in project["dependencies"] + project["optional-dependencies"]["server"]:
+# scipy is no service's dependency (ADR 0036) but tests/core/test_backoff.py's reference: its [dev] floor.
+scipy = [r for r in project["optional-dependencies"]["dev"] if r.startswith("scipy")]
+for requirement in project["dependencies"] + project["optional-dependencies"]["server"] + scipy:
     match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([^,\s]+).*", requirement)
     if match:
         print(f"{match[1]}=={match[2]}")
 PY
 echo "== lowest allowed versions"; cat "$venv/constraints.txt"
-"$venv/bin/python" -m pip install -q -c "$venv/constraints.txt" -e ".[server]" \
+"$venv/bin/python" -m pip install -q -c "$venv/constraints.txt" -e ".[server]" scipy \
   "pytest>=8" "pytest-asyncio>=1.0" "pytest-timeout>=2.3" "import-linter>=2.17"  # test tools, not floors
 "$venv/bin/python" -m pip check
 "$venv/bin/python" - <<'PY'

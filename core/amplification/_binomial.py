@@ -166,36 +166,84 @@ def _chernoff_edge(n: int, q: float, log_tail: float, start: int, direction: int
 # t up to 1e5; tests/core/accounting/test_half_tails.py).
 _PMF_ERROR_UNIT = 2.0**-45
 _UNIT_ROUNDOFF = 2.0**-53
-_CHUNK = 64
+_CHUNK = 64  # fewest terms per row in a row's first pass; doubled each further pass
+_CELLS = 1 << 18  # rows x terms per block: 2 MB per float array, whatever the input size
+_REST = 2.0**-60  # stop once the proven rest of the series is below this fraction of the sum
+_LOG_REACH = 48.0  # first pass: terms down to ~e^-48 by the Gaussian estimate (a guess, never trusted)
 
 
-def _half_series(x: int, t: int) -> tuple[float, float]:
-    """P[Bin(t, 1/2) >= x] for t/2 < x <= t as pmf(x) (1 + r_0 + r_0 r_1 + ...), and its error bound.
+def _series_block(x: FloatArray, t: FloatArray, last: FloatArray, offset: int, width: int) -> FloatArray:
+    """Terms offset + 1 .. offset + width of 1 + r_0 + r_0 r_1 + ... for rows whose term ``offset``
+    is ``last``: r_j = (t - x - j) / (x + 1 + j), zero from j = t - x on (the series ends there).
+
+    Each ratio is one rounding of exact integers below 2^53; the first is multiplied by ``last``
+    before the running product, so the terms are bit for bit a single sequential product.
+    """
+    j = offset + np.arange(width, dtype=np.float64)[None, :]
+    ratios = np.maximum(t[:, None] - x[:, None] - j, 0.0) / (x[:, None] + 1 + j)
+    ratios[:, 0] *= last
+    return np.asarray(np.cumprod(ratios, axis=1), dtype=np.float64)
+
+
+def _first_widths(x: FloatArray, t: FloatArray) -> IntArray:
+    """Each row's first pass: a power of two >= _CHUNK covering the terms the series is expected to
+    need. ln term_j ~ -(4/t)(d j + j^2/2), d = x - t/2, so e^-L is reached at j = sqrt(d^2 + L t/2) - d.
+    Only a starting point: the loop checks the proven rest and doubles where the guess fell short."""
+    d = x - t / 2
+    guess = np.minimum(np.sqrt(d * d + _LOG_REACH * t / 2) - d, t - x + 1)
+    return np.asarray(np.maximum(_CHUNK, 2 ** np.ceil(np.log2(np.maximum(guess, 1.0)))), dtype=np.int64)
+
+
+def _sum_series(x: FloatArray, t: FloatArray, width: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per row: the sum of the terms taken, the proven bound on the rest and the number of terms
+    taken (the leading 1 included); passes of ``width``, 2 ``width``, ... over the rows not done."""
+    total, rest, used, last = np.ones(x.size), np.zeros(x.size), np.ones(x.size), np.ones(x.size)
+    active = np.arange(x.size)
+    offset = 0
+    while active.size:
+        rows = max(1, _CELLS // width)
+        done = []
+        for lo in range(0, active.size, rows):
+            idx = active[lo : lo + rows]
+            terms = _series_block(x[idx], t[idx], last[idx], offset, width)
+            total[idx] += terms.sum(axis=1)
+            last[idx] = terms[:, -1]
+            following = offset + width  # index of the first ratio not yet used
+            remaining = t[idx] - x[idx] - following
+            r_next = np.maximum(remaining, 0.0) / (x[idx] + 1 + following)
+            rest[idx] = last[idx] * r_next / (1 - r_next)
+            used[idx] = 1 + np.minimum(following, t[idx] - x[idx])
+            done.append((remaining <= 0) | (rest[idx] <= _REST * total[idx]))
+        active = active[~np.concatenate(done)]
+        offset, width = offset + width, 2 * width
+    return total, rest, used
+
+
+def _half_series(x: IntArray, t: IntArray) -> tuple[FloatArray, FloatArray]:
+    """P[Bin(t, 1/2) >= x] for t/2 < x <= t (elementwise) as pmf(x) (1 + r_0 + r_0 r_1 + ...), and
+    an absolute error bound for each.
 
     r_j = (t - x - j) / (x + 1 + j) is the ratio of consecutive terms: below 1 from j = 0 (x > t/2)
-    and falling in j, so after m terms the rest is at most term_m r_m / (1 - r_m). Terms are taken
-    in doubling chunks until that rest is below 2^-60 of the sum (or the terms end at j = t - x).
-    Error: the pmf's relative error, 2 roundings per term of the running product, the sum's, plus
-    the rest itself (returned as an absolute bound).
+    and falling in j, so after the term of index m the rest is at most term_m r_m / (1 - r_m).
+    Rows are grouped by their first pass's width (``_first_widths``) and take their terms
+    together, in passes of doubling width (blocks of at most ``_CELLS`` cells); a row leaves once
+    its rest is below 2^-60 of its sum or its terms have ended (j = t - x, rest 0). Error, for a
+    row that used m terms (the leading 1 included): the pmf's relative error
+    (``_PMF_ERROR_UNIT`` (4 + |ln pmf|)); term i carries i roundings of ratios and at most i of
+    products, so every term is within 2 m u of its exact value (u = 2^-53); the sum of m positive
+    terms, in any order (passes, then numpy's pairwise sums), at most m - 1 more; the final
+    product 1: relative (3 m + 4) u with room for the second-order terms, plus the neglected rest
+    (absolute, times the head).
     """
-    log_head = float(log_pmf(x, t, 0.5))
-    head = math.exp(log_head)
-    last = t - x  # terms after index `last` are exactly zero
-    count = _CHUNK
-    while True:
-        j = np.arange(min(count, last), dtype=np.float64)
-        ratios = (t - x - j) / (x + 1 + j)  # exact integers below 2^53, one rounding each
-        terms = np.concatenate(([1.0], np.cumprod(ratios)))
-        total = float(terms.sum())
-        if j.size == last:
-            rest = 0.0
-            break
-        r_next = (t - x - j.size) / (x + 1 + j.size)
-        rest = float(terms[-1]) * r_next / (1 - r_next)
-        if rest <= 2.0**-60 * total:
-            break
-        count *= 2
-    relative = _PMF_ERROR_UNIT * (4 + abs(log_head)) + (2 * terms.size + 2) * _UNIT_ROUNDOFF
+    xf, tf = x.astype(np.float64), t.astype(np.float64)
+    total, rest, used = np.ones(x.size), np.zeros(x.size), np.ones(x.size)
+    widths = _first_widths(xf, tf)
+    for width in np.unique(widths).tolist():
+        group = widths == width
+        total[group], rest[group], used[group] = _sum_series(xf[group], tf[group], int(width))
+    log_head = log_pmf(x, t, 0.5)
+    head = np.exp(log_head)
+    relative = _PMF_ERROR_UNIT * (4 + np.abs(log_head)) + (3 * used + 4) * _UNIT_ROUNDOFF
     value = head * total
     return value, value * relative + head * rest * (1 + relative)
 
@@ -203,21 +251,23 @@ def _half_series(x: int, t: int) -> tuple[float, float]:
 def half_upper_tails(x: npt.ArrayLike, t: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
     """P[Bin(t, 1/2) >= x] elementwise (x, t integers, t >= 0) and an absolute error bound for each.
 
-    Our own (ADR 0036): the aggregator's image leaves scipy out, whose ``bdtrc(x - 1, t, 1/2)`` this
-    replaces. Above the middle (2x > t) the tail is the series of ``_half_series``; below it the
-    symmetry of p = 1/2 gives 1 - P[Bin(t, 1/2) >= t - x + 1] with the same absolute error.
-    Cost: per element, the terms until the rest is negligible (~40 far from t/2, O(sqrt t) near it).
+    Our own (ADR 0036): the accountant's only use of scipy was this tail (``betainc``, before it
+    ``bdtrc(x - 1, t, 1/2)``), and the aggregator's image leaves scipy out. Above the middle
+    (2x > t) the tail is the series of ``_half_series``; below it the symmetry of p = 1/2 gives
+    1 - P[Bin(t, 1/2) >= t - x + 1] with the same absolute error plus one rounding.
+    Cost: vectorised over the elements; per element the terms until the rest is negligible
+    (64 far from t/2, O(sqrt t) near it), memory bounded by ``_CELLS`` per block.
     """
     xs, ts = np.broadcast_arrays(np.asarray(x, dtype=np.int64), np.asarray(t, dtype=np.int64))
-    values = np.zeros(xs.shape)
+    xs, ts = xs.ravel(), ts.ravel()
+    values = np.where(xs <= 0, 1.0, 0.0)
     errors = np.zeros(xs.shape)
-    for index in np.ndindex(xs.shape):
-        xi, ti = int(xs[index]), int(ts[index])
-        if xi <= 0:
-            values[index] = 1.0
-        elif xi <= ti:
-            upper = 2 * xi > ti
-            value, error = _half_series(xi if upper else ti - xi + 1, ti)
-            values[index] = value if upper else 1.0 - value
-            errors[index] = error if upper else error + _UNIT_ROUNDOFF
-    return values, errors
+    inside = (xs >= 1) & (xs <= ts)
+    upper = 2 * xs > ts
+    reflected = np.where(upper, xs, ts - xs + 1)
+    series, series_error = _half_series(reflected[inside], ts[inside])
+    up = upper[inside]
+    values[inside] = np.where(up, series, 1.0 - series)
+    errors[inside] = np.where(up, series_error, series_error + _UNIT_ROUNDOFF)
+    shape = np.broadcast(np.asarray(x), np.asarray(t)).shape
+    return values.reshape(shape), errors.reshape(shape)

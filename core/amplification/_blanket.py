@@ -200,24 +200,16 @@ _TAIL_ERROR = 1e-10  # relative; measured worst ~4e-11 (tests/core/accounting/te
 
 
 def _tails(x: IntArray, ts: IntArray) -> tuple[FloatArray, FloatArray]:
-    """P[Bin(t, 1/2) >= x]: scipy's ``betainc`` where scipy is installed (fast; agrees with our series
-    to ~1e-15, unlike ``bdtrc``), else our own ``half_upper_tails`` (correct, but a Python loop per
-    element: O(sqrt t) terms near t/2, too slow for the planner at small eps0 and large n, ADR 0036)."""
-    try:
-        from scipy.special import betainc
-    except ImportError:
-        return half_upper_tails(x, ts)
-    inside = (x >= 1) & (x <= ts)
-    xi = np.where(inside, x, 1)
-    values = np.where(x <= 0, 1.0, np.where(inside, betainc(xi, np.where(inside, ts - xi + 1, 1), 0.5), 0.0))
-    return np.asarray(values, dtype=np.float64), np.zeros(values.shape)
+    """P[Bin(t, 1/2) >= x] and its proven absolute error bound: our own ``half_upper_tails``
+    (vectorised; it agrees with scipy's ``betainc``, used here before, to ~1e-15, ADR 0036)."""
+    return half_upper_tails(x, ts)
 
 
 def _upper_tails(x: IntArray, ts: IntArray) -> tuple[FloatArray, FloatArray]:
     """P[Bin(t, 1/2) >= x] along consecutive t, and an absolute error bound for each.
 
-    Where x rises by 0 or 1 per t inside 1..t: the tail (``half_upper_tails``, our own, as scipy's
-    ``bdtrc`` was: ADR 0036) every ``_SEGMENT`` t and between them S(t + 1, x) = S(t, x) +
+    Where x rises by 0 or 1 per t inside 1..t: the tail (``half_upper_tails``, our own: ADR 0036)
+    every ``_SEGMENT`` t and between them S(t + 1, x) = S(t, x) +
     pmf(t, x - 1) / 2, S(t, x + 1) = S(t, x) - pmf(t, x) summed; the bound is ``_TAIL_ERROR`` of
     the anchor (or the anchor's proven bound where larger) plus the summed magnitudes (measured
     against exact rationals: the sums ~4e-11). Elsewhere ``half_upper_tails`` at every t.

@@ -130,11 +130,17 @@ def test_dockerfile_is_multi_stage_with_a_target_per_service(dp: ModuleType) -> 
     for folder in ("core", "client", "shuffler", "aggregator", "cli", "proto"):
         assert f"COPY {folder} {folder}" in stages["build"]
     assert "pip install" not in stages["runtime"] and "build-ca" not in stages["runtime"]
-    for service in ("aggregator", "shuffler", "cli"):  # each copies only its build stage's virtualenv
+    # each copies only its build stage's virtualenv: the services the lean one, the cli the full one
+    venvs = {"aggregator": "build-server", "shuffler": "build-server", "cli": "build-services"}
+    for service, venv in venvs.items():
         copies = re.findall(r"^COPY .*$", stages[service], re.MULTILINE)
-        assert copies == [f"COPY --from=build-{'shuffler' if service == 'shuffler' else 'services'} "
-                          "/opt/deniable /opt/deniable"], copies  # fmt: skip
+        assert copies == [f"COPY --from={venv} /opt/deniable /opt/deniable"], copies
         assert "pip install" not in stages[service] and "build-ca" not in stages[service]
+    # the services' venv leaves PyNaCl and the aiohttp family out (tests/test_server_dependencies.py)
+    removed = stages["build-server"].split("rm -rf", 1)[1]
+    for package in ("nacl", "[Pp]y[Nn]a[Cc]l-*", "aiohttp", "multidict*", "yarl*", "frozenlist*"):
+        assert f'"$site"/{package}' in removed, package
+    assert "[server" in stages["build"] and "scipy" not in stages["build"]
     for name, service in dp.compose()["services"].items():
         target = service.get("build", {}).get("target")
         assert target is None or target in stages, name

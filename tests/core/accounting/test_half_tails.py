@@ -12,6 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from deniable.core.amplification import _binomial
 from deniable.core.amplification._binomial import half_upper_tails
 from deniable.core.amplification._blanket import _TAIL_ERROR
 
@@ -66,3 +67,35 @@ def test_tails_agree_with_scipy_across_a_grid() -> None:
         if t <= 10**4:
             old = special.bdtrc(xs - 1, ts, 0.5)
             assert np.all(np.abs(values - old) <= errors + 1e-10 * old + 1e-300), t
+
+
+def test_values_do_not_depend_on_the_batch_or_the_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vectorised (ADR 0036): each element alone, the whole grid at once and the grid cut into
+    one-row blocks (``_CELLS`` smaller than a pass) give the same values and bounds; shapes broadcast."""
+    ts = np.array([0, 1, 7, 100, 1001, 10**5, 10**6, 10**8])
+    xs = np.clip(ts // 2 + np.array([0, 1, -2, 3, 1, -40, 600, 1]), 0, None)
+    together = half_upper_tails(xs, ts)
+    alone = [half_upper_tails(int(x), int(t)) for x, t in zip(xs, ts, strict=True)]
+    assert together[0].tolist() == [float(v) for v, _ in alone]
+    assert together[1].tolist() == [float(e) for _, e in alone]
+    monkeypatch.setattr(_binomial, "_CELLS", 1)
+    blocked = half_upper_tails(xs, ts)
+    assert np.array_equal(blocked[0], together[0]) and np.array_equal(blocked[1], together[1])
+    grid, grid_errors = half_upper_tails(np.array([[1], [2], [3]]), np.array([2, 4]))
+    assert grid.shape == grid_errors.shape == (3, 2)
+    assert grid[2, 0] == 0.0 and abs(grid[2, 1] - 5 / 16) <= grid_errors[2, 1]
+
+
+def test_a_series_cut_early_is_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopping at a rest of 2^-20 of the sum (not 2^-60) with passes of 1, 2, 4, ... terms: the
+    bound must then carry the neglected rest (far above rounding) and still hold exactly."""
+    monkeypatch.setattr(_binomial, "_REST", 2.0**-20)
+    monkeypatch.setattr(_binomial, "_LOG_REACH", 1.0)
+    monkeypatch.setattr(_binomial, "_CHUNK", 1)
+    for t in (100, 1001, 4000):
+        xs = [t // 2 + 1, t // 2 + 3, t // 2 + 20, t // 3]
+        values, errors = half_upper_tails(xs, [t] * len(xs))
+        assert max((errors / values).tolist()) > 2.0**-40  # the rest dominates the bound here
+        for x, value, error in zip(xs, values.tolist(), errors.tolist(), strict=True):
+            exact = _exact_tail(t, x)
+            assert abs(Fraction(value) - exact) <= Fraction(error) + UNDERFLOW, (t, x, value, float(exact))
