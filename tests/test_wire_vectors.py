@@ -46,10 +46,9 @@ class StreamRng(Csprng):
 MECHANISM_VECTORS = load("mechanisms.json")
 
 
-@pytest.mark.parametrize("vector", MECHANISM_VECTORS, ids=lambda v: f"{v['mechanism']}-{v['domain_size']}")
-def test_mechanism_vectors(vector: dict[str, Any]) -> None:
-    """Same thresholds; each recorded randomness gives the recorded payload and is used up; the
-    aggregator's tally accepts every payload as in-domain."""
+def _rebuilt(vector: dict[str, Any]) -> mechanisms.LocalRandomiser:
+    """The vector's randomiser from its recorded parameters, with its protocol and payload length
+    checked against the recorded ones."""
     randomiser = mechanisms.create(
         vector["mechanism"],
         epsilon0=vector["epsilon0"],
@@ -58,6 +57,14 @@ def test_mechanism_vectors(vector: dict[str, Any]) -> None:
     )
     assert int(randomiser.proto) == vector["proto"]
     assert randomiser.payload_length == vector["payload_length"]
+    return randomiser
+
+
+@pytest.mark.parametrize("vector", MECHANISM_VECTORS, ids=lambda v: f"{v['mechanism']}-{v['domain_size']}")
+def test_mechanism_vectors(vector: dict[str, Any]) -> None:
+    """Same thresholds; each recorded randomness gives the recorded payload and is used up; the
+    aggregator's tally accepts every payload as in-domain."""
+    randomiser = _rebuilt(vector)
     for name, value in vector["thresholds"].items():
         held = getattr(randomiser, name, None)
         assert int(held if held is not None else getattr(randomiser, "_" + name)) == value, name
@@ -153,14 +160,7 @@ def test_shuffle_only_vectors(vector: dict[str, Any]) -> None:
     """Rebuilt from the campaign params alone (as a device and the aggregator do): the same
     derived integers; each recorded randomness gives exactly the recorded messages and is used
     up; the aggregator's tally accepts every message and refuses every invalid one."""
-    randomiser = mechanisms.create(
-        vector["mechanism"],
-        epsilon0=vector["epsilon0"],
-        domain_size=vector["domain_size"],
-        **vector["params"],
-    )
-    assert int(randomiser.proto) == vector["proto"]
-    assert randomiser.payload_length == vector["payload_length"]
+    randomiser = _rebuilt(vector)
     assert randomiser.parameters() == vector["params"]  # the params are a fixed point of the rebuild
     assert _make_vectors().derived_integers(randomiser) == vector["derived"]
     messages: list[bytes] = []

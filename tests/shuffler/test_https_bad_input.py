@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from support.https_services import https_services, pending, reports_for, submit_body
+from support.https_services import assert_refused, https_services, pending, reports_for, submit_body
 
 from deniable.core.rng import default_rng
 
@@ -18,14 +18,7 @@ async def _refused(
     """Send ``body`` to ``path_campaign``'s route; the answer is ``status``/``code``, nothing is held."""
     async with https_services(tmp_path, campaigns=("c1", "c2"), **options) as (services, client):
         answer = await client.submit(path_campaign, body)
-        assert (answer.status, answer.json()["code"]) == (status, code), answer.body
-        assert set(answer.json()) == {"code", "message"}
-        assert await pending(services) == 0
-        assert services.shuffler is not None
-        failed = services.shuffler.metrics.registry.get_sample_value(
-            "deniable_shuffler_requests_failed_total", {"rpc": "http_submit_reports", "code": str(status)}
-        )
-        assert failed == 1
+        await assert_refused(services, answer, status, code)
         good = submit_body(reports_for(services.campaigns[0], 2))
         assert (await client.submit("c1", good)).status == 200  # the same route takes a good body
         assert await pending(services) == 2

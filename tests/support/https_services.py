@@ -78,6 +78,19 @@ async def pending(services: Services) -> int:
     return sum(c.pending + c.in_flight for c in stats.campaigns)
 
 
+async def assert_refused(services: Services, answer: Any, status: int, code: str) -> None:
+    """``answer`` (HTTP/1.1 or h2) is ``status`` with JSON ``code``; nothing is held; the refusal
+    is counted once in the shuffler's failed-requests metric."""
+    assert (answer.status, answer.json()["code"]) == (status, code), answer.body
+    assert set(answer.json()) == {"code", "message"}
+    assert await pending(services) == 0
+    assert services.shuffler is not None
+    failed = services.shuffler.metrics.registry.get_sample_value(
+        "deniable_shuffler_requests_failed_total", {"rpc": "http_submit_reports", "code": str(status)}
+    )
+    assert failed == 1
+
+
 @asynccontextmanager
 async def https_services(
     workdir: Path,
